@@ -1,0 +1,57 @@
+"""The three error families a CI gate tells apart by exit code.
+
+- ``ConfigError`` (exit 2): the user's input or machine setup is wrong; raised before any service starts.
+- ``HarnessError`` (exit 3): the stack or the harness itself failed; the verdict is unknown.
+- ``InvariantViolation`` (exit 1): the system under test lost or duplicated something.
+
+Every message names the bad value and says how to fix it, as a ``Hint:`` line.
+"""
+
+from __future__ import annotations
+
+
+class TxChaosError(Exception):
+    """Root of every error the harness raises on purpose."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.hint = hint
+        super().__init__(f"{message}\nHint: {hint}" if hint else message)
+
+
+class ConfigError(TxChaosError):
+    """Bad user input: a spec value, an option, a missing tool. Nothing has started yet."""
+
+    exit_code = 2
+
+
+class HarnessError(TxChaosError):
+    """The stack or the harness failed: the run proves nothing about the system under test."""
+
+    exit_code = 3
+
+
+class StackError(HarnessError):
+    """A service did not start, answer or stop; carries the service's last log lines."""
+
+    def __init__(self, message: str, *, hint: str | None = None, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        tail = f"\n--- last log lines ---\n{log_tail}" if log_tail else ""
+        super().__init__(message + tail, hint=hint)
+
+
+class InvariantViolation(TxChaosError):
+    """The system under test broke a no-loss / no-duplicate invariant; carries the verdict."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, seed: int | None = None, steps: tuple[str, ...] = ()) -> None:
+        self.seed = seed
+        self.steps = steps
+        replay = ""
+        if seed is not None:
+            replay = f"\nseed: {seed}"
+        if steps:
+            replay += "\nsteps:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(steps))
+        super().__init__(message + replay)

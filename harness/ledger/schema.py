@@ -1,0 +1,96 @@
+"""Ledger schema v1: one row per event, written by the driver, workers, sink and residue snapshot.
+
+Columns (Arrow types):
+
+============  =========  ==============================================================
+column        type       meaning
+============  =========  ==============================================================
+ts_ns         int64      wall clock of the writer, ns since the epoch
+src           string     writer: ``driver``, ``worker-N``, ``sink``, ``residue``, ``faults``
+pid           int32      OS process id of the writer
+seq           int64      per-writer sequence number, 0, 1, 2, ... (gaps never happen)
+kind          string     one of ``Kind`` below
+op            string     operation id made by the requester (null when not known)
+msg           string     broker message id (STOMP ``message-id``; Kafka ``topic/partition@offset``)
+stage         string     pattern stage name
+dest          string     queue or topic the event concerns
+attempt       int32      delivery attempt, when the writer knows it
+point         string     crash point or fault name
+partition     int32      Kafka partition
+offset        int64      Kafka offset
+detail        string     JSON object with anything else
+============  =========  ==============================================================
+
+Segments are JSON lines (one file per writer process, see ``writer.py``); ``compact`` turns them
+into ``events.parquet`` sorted by (op, ts_ns) so engines can scan or group by operation cheaply.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+
+class Kind(StrEnum):
+    """Event kinds. Residue kinds describe the end state and come last in a run."""
+
+    RUN_START = "run_start"
+    RUN_END = "run_end"
+    SUBMIT = "submit"  # driver sent an operation (op, msg=None until the broker names it)
+    WORKER_START = "worker_start"
+    WORKER_EXIT = "worker_exit"  # detail: returncode, signal
+    DELIVER = "deliver"  # a worker received a message; detail.redelivered from the broker
+    EFFECT = "effect"  # a worker wrote the business effect inside its DB transaction
+    SKIP = "skip"  # a worker found the effect already applied and skipped it
+    SEND = "send"  # a worker sent an outgoing message inside its broker transaction
+    EXTERNAL_CALL = "external_call"  # a non-transactional call left the worker
+    DB_COMMIT = "db_commit"
+    DB_ROLLBACK = "db_rollback"
+    BROKER_COMMIT = "broker_commit"
+    BROKER_ABORT = "broker_abort"
+    NACK = "nack"
+    ERROR = "error"  # the stage raised; detail.error
+    CRASH = "crash"  # a crash point fired: the worker SIGKILLs itself right after this event
+    FAULT_START = "fault_start"
+    FAULT_END = "fault_end"
+    DOWNSTREAM = "downstream"  # the sink received the flow's outgoing message
+    DEAD_LETTER = "dead_letter"  # the sink drained the message from the dead-letter queue
+    RESIDUE_EFFECT = "residue_effect"  # one row of the final effect table
+    RESIDUE_QUEUE = "residue_queue"  # a message still in the input queue at quiescence
+
+
+RESIDUE_KINDS = frozenset({Kind.DOWNSTREAM, Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE})
+
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("src", pa.string(), nullable=False),
+        pa.field("pid", pa.int32(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("op", pa.string()),
+        pa.field("msg", pa.string()),
+        pa.field("stage", pa.string()),
+        pa.field("dest", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("point", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("detail", pa.string()),
+    ],
+    metadata={"txchaos.ledger.version": str(SCHEMA_VERSION)},
+)
+
+COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("op", "msg", "stage", "dest", "attempt", "point", "partition", "offset")
+
+
+def empty_row() -> dict[str, Any]:
+    """Return a row with every optional column null and an empty detail."""
+    row: dict[str, Any] = dict.fromkeys(OPTIONAL_COLUMNS)
+    row["detail"] = "{}"
+    return row

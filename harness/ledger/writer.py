@@ -1,0 +1,86 @@
+"""Append-only ledger writer that loses nothing already written when its process is SIGKILLed.
+
+Each writer process owns one JSON-lines segment. Every event is one ``os.write`` on an
+``O_APPEND`` descriptor: once the call returns the bytes are in the kernel's page cache, so a
+SIGKILL of the writer (the crash the harness injects) cannot lose them. There is no user-space
+buffer to flush. A machine crash can lose the tail; the harness does not simulate that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.ledger.schema import Kind
+
+
+class LedgerWriter:
+    """Write events for one source into ``<ledger_dir>/segments/<src>-<pid>.jsonl``.
+
+    >>> w = LedgerWriter(run_dir / "ledger", "driver")
+    >>> w.emit(Kind.SUBMIT, op="op-1", dest="orders")
+    """
+
+    def __init__(self, ledger_dir: Path, src: str) -> None:
+        self.src = src
+        self.pid = os.getpid()
+        seg_dir = ledger_dir / "segments"
+        seg_dir.mkdir(parents=True, exist_ok=True)
+        self.path = seg_dir / f"{src}-{self.pid}.jsonl"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def emit(
+        self,
+        kind: Kind,
+        *,
+        op: str | None = None,
+        msg: str | None = None,
+        stage: str | None = None,
+        dest: str | None = None,
+        attempt: int | None = None,
+        point: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        **detail: Any,
+    ) -> None:
+        """Append one event; returns once the kernel holds it."""
+        with self._lock:
+            row = {
+                "ts_ns": time.time_ns(),
+                "src": self.src,
+                "pid": self.pid,
+                "seq": self._seq,
+                "kind": str(kind),
+                "op": op,
+                "msg": msg,
+                "stage": stage,
+                "dest": dest,
+                "attempt": attempt,
+                "point": point,
+                "partition": partition,
+                "offset": offset,
+                "detail": json.dumps(detail, sort_keys=True, default=str) if detail else "{}",
+            }
+            data = (json.dumps(row, separators=(",", ":")) + "\n").encode()
+            written = os.write(self._fd, data)
+            if written != len(data):  # regular files never short-write short of ENOSPC
+                raise OSError(f"short ledger write to {self.path}: {written} of {len(data)} bytes")
+            self._seq += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

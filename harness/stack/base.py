@@ -1,0 +1,76 @@
+"""What every stack provider hands the tests: ``Endpoints``, and the ``StackProvider`` protocol."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A client-facing address (always the Toxiproxy side) and the upstream it forwards to."""
+
+    host: str
+    port: int
+    proxy: str
+    upstream_host: str
+    upstream_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Every address a scenario needs; identical in shape for the local and docker providers."""
+
+    provider: str
+    stack_id: str
+    postgres: Endpoint
+    stomp: Endpoint
+    kafka: Endpoint
+    toxiproxy_api: str
+    db_user: str
+    db_password: str
+    db_name: str
+    state_dir: str
+
+    @property
+    def postgres_url(self) -> str:
+        """SQLAlchemy URL for Postgres through its proxy."""
+        p = self.postgres
+        return f"postgresql+psycopg://{self.db_user}:{self.db_password}@{p.host}:{p.port}/{self.db_name}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Endpoints:
+        raw = json.loads(text)
+        for key in ("postgres", "stomp", "kafka"):
+            raw[key] = Endpoint(**raw[key])
+        return cls(**raw)
+
+    @classmethod
+    def load(cls, path: Path) -> Endpoints:
+        return cls.from_json(path.read_text())
+
+    def service_logs(self) -> dict[str, Path]:
+        """Return each service's log file (empty for providers that keep logs elsewhere)."""
+        logs = Path(self.state_dir) / "logs"
+        if not logs.is_dir():
+            return {}
+        return {p.stem: p for p in sorted(logs.glob("*.log"))}
+
+
+class StackProvider(Protocol):
+    """Starts and stops one stack. ``start`` cleans up after itself if it fails half-way."""
+
+    name: str
+
+    def start(self) -> Endpoints: ...
+
+    def stop(self) -> None: ...

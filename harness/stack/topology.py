@@ -1,0 +1,63 @@
+"""The one stack topology both providers build: services, versions, ports and proxies.
+
+The local provider and docker-compose.yml must agree with this module; a unit test reads both
+and compares. Clients only ever see the proxy side of each entry in ``PROXIES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Service:
+    """A server the stack runs: name, pinned version, official image and its container port."""
+
+    name: str
+    version: str
+    image: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    """A Toxiproxy proxy: clients connect to ``listen_port``; it forwards to ``service`` on ``port``."""
+
+    name: str
+    service: str
+    port: int
+    listen_port: int
+
+
+POSTGRES = Service("postgres", "15", "postgres:15", 5432)
+ACTIVEMQ = Service("activemq", "6.1.8", "apache/activemq-classic:6.1.8", 61613)
+KAFKA = Service("kafka", "4.1.2", "apache/kafka:4.1.2", 9092)
+# Built with `go install` in both providers: the project's own image is not on Docker Hub.
+TOXIPROXY = Service("toxiproxy", "2.12.0", "golang:1.24", 8474)
+
+SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY)
+
+# Fixed proxy ports for docker (published on the host); the local provider picks free ports instead.
+PROXIES: tuple[ProxyRoute, ...] = (
+    ProxyRoute("postgres", "postgres", POSTGRES.port, 15432),
+    ProxyRoute("activemq_stomp", "activemq", ACTIVEMQ.port, 16613),
+    ProxyRoute("kafka", "kafka", KAFKA.port, 19092),
+)
+
+# Kafka's second listener, for the broker itself (controller and inter-broker): never proxied.
+KAFKA_INTERNAL_PORT = 29092
+KAFKA_CONTROLLER_PORT = 29093
+
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+
+DB_USER = "txchaos"
+DB_PASSWORD = "txchaos"
+DB_NAME = "txchaos"
+
+
+def proxy_for(service: str) -> ProxyRoute:
+    """Return the proxy route in front of ``service``."""
+    for route in PROXIES:
+        if route.service == service:
+            return route
+    raise KeyError(service)

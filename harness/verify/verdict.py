@@ -1,0 +1,97 @@
+"""The verdict schema both engines write to ``verdict.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.verify.model import ANOMALY_CLASSES
+
+
+@dataclass(frozen=True)
+class Witness:
+    """One anomaly of one operation, with the message ids and event chain that prove it."""
+
+    anomaly: str
+    op: str
+    msg_ids: tuple[str, ...]
+    summary: dict[str, int]
+    events: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Counts per anomaly class, witnesses, statistics; ``clean`` means no anomaly at all."""
+
+    anomalies: dict[str, int]
+    witnesses: tuple[Witness, ...]
+    stats: dict[str, Any]
+    engine: str
+    scenario: str = ""
+    seed: int | None = None
+    steps: tuple[str, ...] = ()
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.anomalies.values())
+
+    def ops(self, anomaly: str) -> set[str]:
+        """Return the operation ids the verdict names for ``anomaly``."""
+        return {w.op for w in self.witnesses if w.anomaly == anomaly}
+
+    def found(self) -> dict[str, int]:
+        """Return only the classes with a non-zero count."""
+        return {k: v for k, v in self.anomalies.items() if v}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["clean"] = self.clean
+        out["anomalies"] = {k: self.anomalies.get(k, 0) for k in ANOMALY_CLASSES}
+        return out
+
+    def write(self, path: Path) -> Path:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Verdict:
+        witnesses = tuple(
+            Witness(
+                anomaly=w["anomaly"],
+                op=w["op"],
+                msg_ids=tuple(w["msg_ids"]),
+                summary=dict(w["summary"]),
+                events=tuple(w.get("events", ())),
+            )
+            for w in raw.get("witnesses", ())
+        )
+        return cls(
+            anomalies=dict(raw["anomalies"]),
+            witnesses=witnesses,
+            stats=dict(raw.get("stats", {})),
+            engine=raw.get("engine", ""),
+            scenario=raw.get("scenario", ""),
+            seed=raw.get("seed"),
+            steps=tuple(raw.get("steps", ())),
+            timing=dict(raw.get("timing", {})),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> Verdict:
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def headline(self) -> str:
+        """Return one line: CLEAN, or each anomaly class with its count and first op ids."""
+        if self.clean:
+            return "CLEAN: no anomaly"
+        parts = []
+        for cls_name, n in self.found().items():
+            ops = sorted(self.ops(cls_name))[:3]
+            more = ", ..." if n > len(ops) else ""
+            parts.append(f"{cls_name}={n} [{', '.join(ops)}{more}]")
+        return "ANOMALIES: " + "; ".join(parts)
