@@ -1,0 +1,1 @@
+"""Adapters: each third-party driver is imported in exactly one module here."""

@@ -1,0 +1,1 @@
+"""Patterns under test: stage handlers written against the public stage API (``StageContext``)."""

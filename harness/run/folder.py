@@ -1,0 +1,83 @@
+"""A run folder: ``reports/runs/<run-id>/`` with manifest, ledger, logs and verdict."""
+
+from __future__ import annotations
+
+import json
+import platform
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.ledger.schema import SCHEMA_VERSION
+from harness.paths import runs_root
+from harness.stack import topology
+from harness.stack.base import Endpoints
+
+
+@dataclass
+class RunFolder:
+    """Create and fill one run folder. Nothing in it is ever deleted by the harness."""
+
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+    _log_offsets: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, scenario: str, variant: str, seed: int, root: Path | None = None) -> RunFolder:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{scenario}-{variant}-s{seed}-{secrets.token_hex(2)}"
+        path = (root or runs_root()) / run_id
+        for sub in ("ledger", "logs"):
+            (path / sub).mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def start(self, spec: Any, endpoints: Endpoints) -> None:
+        """Write the manifest and remember where each service log stands now."""
+        self.manifest = {
+            "run_id": self.run_id,
+            "scenario": spec.name,
+            "variant": spec.variant,
+            "seed": spec.seed,
+            "spec": json.loads(json.dumps(asdict(spec), default=sorted)),
+            "ledger_schema": SCHEMA_VERSION,
+            "stack": {
+                "provider": endpoints.provider,
+                "stack_id": endpoints.stack_id,
+                "versions": {s.name: s.version for s in topology.SERVICES},
+            },
+            "python": platform.python_version(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "steps": [],
+        }
+        self._log_offsets = {name: p.stat().st_size for name, p in endpoints.service_logs().items()}
+        self.save()
+
+    def step(self, text: str) -> None:
+        """Record a driver step: the list replays the run."""
+        self.manifest.setdefault("steps", []).append(text)
+        self.save()
+
+    def finish(self, endpoints: Endpoints, **extra: Any) -> None:
+        self.manifest["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.manifest.update(extra)
+        self.save()
+        self.copy_service_logs(endpoints)
+
+    def copy_service_logs(self, endpoints: Endpoints) -> None:
+        """Copy what each service logged during this run into ``logs/<service>.log``."""
+        for name, src in endpoints.service_logs().items():
+            start = self._log_offsets.get(name, 0)
+            with src.open("rb") as fh, (self.path / "logs" / f"{name}.log").open("wb") as out:
+                fh.seek(start)
+                shutil.copyfileobj(fh, out)
+
+    def save(self) -> None:
+        tmp = self.path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
+        tmp.replace(self.path / "manifest.json")

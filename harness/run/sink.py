@@ -1,0 +1,81 @@
+"""The sink: drains the flow's output queue and dead-letter queue, recording what came out."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+from harness.clients.activemq import Message, StompClient, dlq_name
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.stack.base import Endpoint
+
+
+def op_of(msg: Message) -> str | None:
+    """Return the operation id of a message: the txchaos-op header, else the body's ``op``."""
+    if "txchaos-op" in msg.headers:
+        return msg.headers["txchaos-op"]
+    try:
+        return str(json.loads(msg.body)["op"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Sink:
+    """Consume ``output`` (if any) and the DLQ of ``input`` in a thread until ``stop``."""
+
+    def __init__(self, stomp: Endpoint, ledger: LedgerWriter, *, input_queue: str, output_queue: str | None) -> None:
+        self.stomp = stomp
+        self.ledger = ledger
+        self.queues = {dlq_name(input_queue): Kind.DEAD_LETTER}
+        if output_queue:
+            self.queues[output_queue] = Kind.DOWNSTREAM
+        self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or DLQ)
+        self.received = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sink", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink") as client:
+                subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
+                while not self._stop.is_set():
+                    msg = client.receive(0.1)
+                    if msg is None:
+                        self._idle.set()
+                        continue
+                    self._idle.clear()
+                    queue = subs.get(msg.subscription, "")
+                    op = op_of(msg)
+                    self.ledger.emit(self.queues.get(queue, Kind.DOWNSTREAM), op=op, msg=msg.message_id, dest=queue,
+                                     redelivered=msg.redelivered)
+                    client.ack(msg)
+                    with self._lock:
+                        self.received += 1
+                        if op:
+                            self.seen[op] += 1
+        except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
+            self._error = exc
+
+    def accounted(self) -> set[str]:
+        with self._lock:
+            return set(self.seen)
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, *, idle_s: float = 0.3) -> None:
+        """Wait until nothing arrived for ``idle_s`` (bounded), then stop consuming."""
+        self._idle.clear()
+        self._idle.wait(max(idle_s, 0.1) * 10)
+        self._stop.set()
+        self._thread.join(10)
+        self.check()

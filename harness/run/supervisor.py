@@ -1,0 +1,86 @@
+"""Run worker processes, notice when one dies, record it, and start it again."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.stack.procs import Managed, spawn, stop
+from harness.worker.spec import WorkerSpec
+
+
+class WorkerPool:
+    """Keep ``specs`` running as OS processes until ``stop``; restarts are recorded in the ledger.
+
+    The monitor thread both watches and respawns, so it outlives every child it starts
+    (children die with the thread that spawned them: PDEATHSIG).
+    """
+
+    def __init__(self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.05) -> None:
+        self.specs = specs
+        self.run_dir = run_dir
+        self.ledger = ledger
+        self.restart_delay = restart_delay
+        self.procs: dict[str, Managed] = {}
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._monitor, name="worker-monitor", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the workers and wait until each has subscribed (its ``.ready`` file exists)."""
+        self._thread.start()
+        self._ready.wait(timeout)
+        deadline = time.monotonic() + timeout
+        pending = {s.name for s in self.specs}
+        while pending and time.monotonic() < deadline:
+            pending = {n for n in pending if not (self.run_dir / "workers" / f"{n}.ready").exists()}
+            for name in pending:
+                if not self.procs[name].alive() and self.restarts > 3 * len(self.specs):
+                    raise HarnessError(f"{name} keeps dying before it subscribes",
+                                       hint=f"read {self.procs[name].log_path}")
+            time.sleep(0.02)
+        if pending:
+            raise HarnessError(f"worker(s) {sorted(pending)} did not subscribe in {timeout:.0f}s",
+                               hint=f"read the worker logs in {self.run_dir / 'logs'}")
+
+    def _spawn(self, spec: WorkerSpec) -> None:
+        spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
+        self.procs[spec.name] = spawn(
+            [sys.executable, "-m", "harness.worker", str(spec_path)],
+            name=spec.name,
+            tag=f"run/{self.run_dir.name}/{spec.name}",
+            log_path=self.run_dir / "logs" / f"{spec.name}.log",
+        )
+
+    def _monitor(self) -> None:
+        (self.run_dir / "workers").mkdir(parents=True, exist_ok=True)
+        for spec in self.specs:
+            self._spawn(spec)
+        self._ready.set()
+        while not self._stopping.is_set():
+            for spec in self.specs:
+                proc = self.procs[spec.name]
+                code = proc.popen.poll()
+                if code is None or self._stopping.is_set():
+                    continue
+                sig = signal.Signals(-code).name if code < 0 else None
+                self.ledger.emit(Kind.WORKER_EXIT, stage=spec.stage, worker=spec.name, returncode=code, signal=sig)
+                proc.record.unlink(missing_ok=True)
+                time.sleep(self.restart_delay)
+                self.restarts += 1
+                self._spawn(spec)
+            self._stopping.wait(0.02)
+        for proc in self.procs.values():
+            stop(proc, timeout=5)
+
+    def stop(self) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL) and wait for the monitor to finish."""
+        self._stopping.set()
+        self._thread.join(30)

@@ -1,0 +1,233 @@
+"""Install what the local stack needs, idempotently, into a cache under the user's home.
+
+Standard library only: ``./txchaos`` runs this file before the project's virtualenv exists.
+
+- the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes;
+- Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
+- ActiveMQ Classic and Kafka jars resolved by Maven from the pinned POMs in ``fixtures/jars``;
+- the Toxiproxy server built with ``go install`` at a pinned tag;
+- the Allure command line from the npm registry, for offline HTML reports.
+
+Each missing tool gives one line: what is missing and how to get it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+TOXIPROXY_VERSION = "v2.12.0"
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+JAVA_MIN = 17
+
+
+class BootstrapError(Exception):
+    """A tool is missing or failed to install; the message says how to get it."""
+
+
+def cache_root() -> Path:
+    """Return the cache directory: ``$TXCHAOS_CACHE`` or ``~/.cache/txchaos``."""
+    return Path(os.environ.get("TXCHAOS_CACHE") or Path.home() / ".cache" / "txchaos")
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Where the installed server binaries are; written to ``<cache>/tools.json``."""
+
+    java: str
+    postgres_bin: str
+    activemq_lib: str
+    kafka_lib: str
+    toxiproxy: str
+    allure: str | None
+
+
+def _run(cmd: list[str], *, what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise BootstrapError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _apt_install(package: str) -> None:
+    if not _is_root():
+        raise BootstrapError(f"missing Debian package {package}: run `sudo apt-get install -y {package}`")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-q"], what="apt-get update", env=env)
+    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], what=f"installing {package}", env=env)
+
+
+def _need(cmd: str, how: str) -> str:
+    found = shutil.which(cmd)
+    if not found:
+        raise BootstrapError(f"missing `{cmd}`: {how}")
+    return found
+
+
+def ensure_java() -> str:
+    """Return the java executable after checking it is version 17 or newer."""
+    java = _need("java", "install a JDK 17+ (Debian: `apt-get install -y openjdk-17-jre-headless`)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)', out)
+    if not match or int(match.group(1)) < JAVA_MIN:
+        raise BootstrapError(f"java is too old ({out.splitlines()[0] if out else 'unknown'}): install JDK 17+")
+    return java
+
+
+def ensure_postgres() -> str:
+    """Return the Postgres server bin directory, installing the Debian package if missing."""
+    def find() -> Path | None:
+        candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
+        return candidates[-1].parent if candidates else None
+
+    found = find()
+    if found is None:
+        _apt_install("postgresql")
+        found = find()
+    if found is None:
+        raise BootstrapError("postgres server binaries not found under /usr/lib/postgresql after install")
+    return str(found)
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def ensure_jars(name: str) -> str:
+    """Return a directory holding the runtime jars resolved from ``fixtures/jars/<name>/pom.xml``."""
+    pom = REPO / "fixtures" / "jars" / name / "pom.xml"
+    dest = cache_root() / "jars" / f"{name}-{_digest(pom)}"
+    if (dest / ".complete").exists():
+        return str(dest)
+    if not shutil.which("mvn"):
+        _apt_install("maven")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _run(
+        ["mvn", "-B", "-q", "-f", str(pom), f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
+        what=f"resolving {name} jars with Maven",
+    )
+    (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return str(dest)
+
+
+def ensure_toxiproxy() -> str:
+    """Return the Toxiproxy server binary, built with ``go install`` at the pinned tag."""
+    dest = cache_root() / "bin" / f"toxiproxy-server-{TOXIPROXY_VERSION}"
+    if dest.exists():
+        return str(dest)
+    go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); toxiproxy is built with `go install`")
+    gobin = dest.parent / "gobin.partial"
+    shutil.rmtree(gobin, ignore_errors=True)
+    gobin.mkdir(parents=True)
+    env = dict(os.environ, GOBIN=str(gobin), CGO_ENABLED="0")
+    _run([go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], what="building toxiproxy", env=env)
+    (gobin / "server").rename(dest)
+    shutil.rmtree(gobin, ignore_errors=True)
+    return str(dest)
+
+
+def ensure_allure() -> str | None:
+    """Return the Allure command line, or None (with a warning) when npm is missing."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from harness.reporting.allure_cli import ensure_allure as install
+    except ImportError:  # reporting not present in this checkout
+        return None
+    finally:
+        sys.path.pop(0)
+    if not shutil.which("npm"):
+        print("txchaos bootstrap: npm missing, HTML reports off (Debian: `apt-get install -y npm`)", file=sys.stderr)
+        return None
+    return str(install(cache_root()))
+
+
+def ensure_venv(repo: Path) -> Path:
+    """Return ``<repo>/.venv``, creating it and installing the project when pyproject.toml changed."""
+    venv = repo / ".venv"
+    stamp = venv / ".txchaos-stamp"
+    want = _digest(repo / "pyproject.toml") + ":" + str(repo)
+    if stamp.exists() and stamp.read_text() == want and (venv / "bin" / "txchaos").exists():
+        return venv
+    if not (venv / "bin" / "python").exists():
+        _run([sys.executable, "-m", "venv", str(venv)], what="creating the virtualenv")
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _run([*pip, "-e", f"{repo}[dev]"], what="installing the project into .venv")
+    stamp.write_text(want)
+    return venv
+
+
+def ensure_all(repo: Path, *, with_venv: bool = True) -> Tools:
+    """Install everything, print one line per component, and record the tool paths."""
+    steps: list[tuple[str, object]] = []
+    started = time.monotonic()
+    if with_venv:
+        steps.append(("venv", ensure_venv(repo)))
+    tools = Tools(
+        java=ensure_java(),
+        postgres_bin=ensure_postgres(),
+        activemq_lib=ensure_jars("activemq"),
+        kafka_lib=ensure_jars("kafka"),
+        toxiproxy=ensure_toxiproxy(),
+        allure=ensure_allure(),
+    )
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tools.json").write_text(json.dumps(asdict(tools), indent=2))
+    for key, value in [*steps, *asdict(tools).items()]:
+        if os.environ.get("TXCHAOS_BOOTSTRAP_VERBOSE"):
+            print(f"txchaos bootstrap: {key:<13} {value}", file=sys.stderr)
+    took = time.monotonic() - started
+    if took > 5:
+        print(f"txchaos bootstrap: ready in {took:.0f}s (cache {root})", file=sys.stderr)
+    return tools
+
+
+def load_tools() -> Tools:
+    """Return the tools recorded by the last bootstrap; raise BootstrapError when there is none."""
+    path = cache_root() / "tools.json"
+    if not path.exists():
+        raise BootstrapError(f"no {path}: run `./txchaos` from the repository once, or `python3 {__file__}`")
+    tools = Tools(**json.loads(path.read_text()))
+    for value in (tools.java, tools.postgres_bin, tools.activemq_lib, tools.kafka_lib, tools.toxiproxy):
+        if not Path(value).exists():
+            raise BootstrapError(f"{value} is gone: run `./txchaos` (or this bootstrap) again to reinstall")
+    return tools
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=REPO)
+    parser.add_argument("--no-venv", action="store_true", help="only the services' tools")
+    args = parser.parse_args(argv)
+    try:
+        ensure_all(args.repo.resolve(), with_venv=not args.no_venv)
+    except BootstrapError as exc:
+        print(f"txchaos bootstrap: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

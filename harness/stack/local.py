@@ -1,0 +1,334 @@
+"""The local stack provider: real Postgres, ActiveMQ, Kafka and Toxiproxy as child processes.
+
+Each stack gets free loopback ports and its own state folder (``reports/stacks/<id>/``), so two
+stacks run side by side. Clients get only proxy addresses; Kafka advertises its proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import ConfigError, StackError
+from harness.paths import cache_root, stacks_root
+from harness.stack import bootstrap, topology
+from harness.stack.base import Endpoint, Endpoints
+from harness.stack.procs import Managed, free_ports, reap_orphans, spawn, stop
+from harness.stack.waits import Wait, port_open, stomp_connected
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
+START_TIMEOUT_S = float(os.environ.get("TXCHAOS_START_TIMEOUT", "90"))
+
+
+@dataclass
+class Ports:
+    postgres: int
+    stomp: int
+    kafka: int
+    kafka_internal: int
+    kafka_controller: int
+    toxiproxy_api: int
+    proxy: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def pick(cls) -> Ports:
+        p = free_ports(9)
+        return cls(p[0], p[1], p[2], p[3], p[4], p[5],
+                   {"postgres": p[6], "activemq_stomp": p[7], "kafka": p[8]})
+
+
+def _pg_user() -> str | None:
+    """Return the account Postgres runs as: ``postgres`` when we are root (it refuses root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError as exc:
+        raise ConfigError("running as root but there is no `postgres` user for the server",
+                          hint="install the Debian postgresql package, or run as a normal user") from exc
+    return "postgres"
+
+
+def _chown_tree(path: Path, user: str | None) -> None:
+    if user is None:
+        return
+    entry = pwd.getpwnam(user)
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+class LocalProvider:
+    """Start and stop one local stack.
+
+    >>> with LocalProvider() as endpoints:
+    ...     print(endpoints.stomp.address)
+    """
+
+    name = "local"
+
+    def __init__(self, *, detached: bool = False, activemq_config: str = "activemq.xml") -> None:
+        if not (FIXTURES / "activemq" / activemq_config).exists():
+            raise ConfigError(f"no ActiveMQ config {activemq_config!r} in {FIXTURES / 'activemq'}",
+                              hint="use activemq.xml, or add the file to fixtures/activemq/")
+        self.detached = detached
+        self.activemq_config = activemq_config
+        self.stack_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        self.state_dir = stacks_root() / self.stack_id
+        self.procs: dict[str, Managed] = {}
+        self.ports = Ports.pick()
+        self._pg_data: Path | None = None
+        self._tools: bootstrap.Tools | None = None
+        self.endpoints: Endpoints | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Endpoints:
+        """Start every service, create the proxies, wait until each answers through its proxy."""
+        reap_orphans()
+        try:
+            self._tools = bootstrap.load_tools()
+        except bootstrap.BootstrapError as exc:
+            raise ConfigError(str(exc), hint="run `./txchaos` once: it installs the stack into the cache") from exc
+        started = time.monotonic()
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            self._spawn("toxiproxy")
+            self._spawn("postgres")
+            self._spawn("activemq")
+            self._spawn("kafka")
+            self.timings["toxiproxy"] = Wait("toxiproxy API", port_open("127.0.0.1", self.ports.toxiproxy_api),
+                                             timeout=START_TIMEOUT_S).run(self.procs["toxiproxy"])
+            self.endpoints = self._endpoints()
+            self._create_proxies(self.endpoints)
+            self._wait_all(self.endpoints)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - started
+        (self.state_dir / "endpoints.json").write_text(self.endpoints.to_json())
+        return self.endpoints
+
+    def stop(self) -> None:
+        """Stop every process group (Kafka and ActiveMQ first, Toxiproxy last) and remove data dirs."""
+        for name in ("kafka", "activemq", "postgres", "toxiproxy"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                stop(proc, timeout=10, sig=signal.SIGTERM if name != "kafka" else signal.SIGKILL)
+        if self._pg_data is not None:
+            shutil.rmtree(self._pg_data, ignore_errors=True)
+        for sub in ("activemq", "kafka"):
+            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+
+    def __enter__(self) -> Endpoints:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- broker faults: kill -9 and restart with data kept --------------------------------------
+    def kill(self, service: str) -> None:
+        """SIGKILL ``service``'s process group (its data stays on disk)."""
+        proc = self.procs.get(service)
+        if proc is None:
+            raise ConfigError(f"unknown service {service!r}", hint=f"one of {sorted(self.procs)}")
+        stop(proc, timeout=0.1, sig=signal.SIGKILL)
+
+    def restart(self, service: str) -> float:
+        """Start ``service`` again on the same ports and data; returns seconds until it answers."""
+        assert self.endpoints is not None
+        self._spawn(service, fresh=False)
+        return self._wait_one(service, self.endpoints)
+
+    # -- per-service recipes -------------------------------------------------------------------
+    def _spawn(self, service: str, *, fresh: bool = True) -> None:
+        assert self._tools is not None
+        log = self.state_dir / "logs" / f"{service}.log"
+        tag = f"stack/{self.stack_id}/{service}"
+        common = {"tag": tag, "log_path": log, "detached": self.detached}
+        argv, user = {
+            "toxiproxy": lambda: ([self._tools.toxiproxy, "-host", "127.0.0.1", "-port", str(self.ports.toxiproxy_api)], None),  # type: ignore[union-attr]
+            "postgres": lambda: self._postgres_argv(fresh),
+            "activemq": lambda: (self._activemq_argv(), None),
+            "kafka": lambda: (self._kafka_argv(fresh), None),
+        }[service]()
+        self.procs[service] = spawn(argv, name=service, user=user, **common)  # type: ignore[arg-type]
+
+    def _postgres_argv(self, fresh: bool) -> tuple[list[str], str | None]:
+        assert self._tools is not None
+        user = _pg_user()
+        bin_dir = Path(self._tools.postgres_bin)
+        if fresh or self._pg_data is None:
+            # Outside the user's home: the postgres account must be able to reach the directory.
+            self._pg_data = Path(tempfile.mkdtemp(prefix=f"txchaos-pg-{self.stack_id}-"))
+            template = self._pg_template(bin_dir, user)
+            shutil.copytree(template, self._pg_data, dirs_exist_ok=True)
+            _chown_tree(self._pg_data, user)
+            self._pg_data.chmod(0o700)
+        argv = [str(bin_dir / "postgres"), "-D", str(self._pg_data), "-p", str(self.ports.postgres),
+                "-k", str(self._pg_data), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+                "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
+                "-c", "shared_buffers=64MB", "-c", "log_min_messages=warning"]
+        return argv, user
+
+    def _pg_template(self, bin_dir: Path, user: str | None) -> Path:
+        """Return an initdb'd data dir, made once per Postgres version (initdb is the slow part)."""
+        template = cache_root() / "templates" / f"postgres-{bin_dir.parent.name}"
+        if (template / "PG_VERSION").exists():
+            return template
+        work = Path(tempfile.mkdtemp(prefix="txchaos-initdb-"))
+        _chown_tree(work, user)
+        cmd = [str(bin_dir / "initdb"), "-D", str(work / "data"), "-U", topology.DB_USER, "--auth=trust",
+               "-N", "-E", "UTF8", "--locale=C"]
+        import subprocess
+
+        proc = subprocess.run(cmd, capture_output=True, text=True, user=user, check=False)
+        if proc.returncode != 0:
+            raise StackError("initdb failed", hint="check the postgres install", log_tail=proc.stdout + proc.stderr)
+        template.parent.mkdir(parents=True, exist_ok=True)
+        tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
+        shutil.copytree(work / "data", tmp)
+        shutil.rmtree(work, ignore_errors=True)
+        tmp.rename(template) if not template.exists() else shutil.rmtree(tmp)
+        return template
+
+    def _java(self, lib: str, heap: str, log_config: Path, props: dict[str, str], main: list[str]) -> list[str]:
+        assert self._tools is not None
+        return [self._tools.java, f"-Xmx{heap}", "-Xms64m", *JVM_FLAGS, "-cp", f"{lib}/*",
+                f"-Dlog4j2.configurationFile={log_config}", *(f"-D{k}={v}" for k, v in props.items()), *main]
+
+    def _activemq_argv(self) -> list[str]:
+        assert self._tools is not None
+        data = self.state_dir / "activemq"
+        data.mkdir(parents=True, exist_ok=True)
+        props = {"txchaos.data": str(data), "txchaos.bind": "127.0.0.1", "txchaos.stomp.port": str(self.ports.stomp),
+                 "activemq.home": str(data), "activemq.base": str(data), "activemq.data": str(data)}
+        return self._java(self._tools.activemq_lib, "256m", FIXTURES / "activemq" / "log4j2.properties", props,
+                          ["org.apache.activemq.console.Main", "start",
+                           f"xbean:file:{FIXTURES / 'activemq' / self.activemq_config}"])
+
+    def _kafka_argv(self, fresh: bool) -> list[str]:
+        assert self._tools is not None
+        base = self.state_dir / "kafka"
+        data = base / "data"
+        p = self.ports
+        props = (FIXTURES / "kafka" / "server.properties").read_text() + "\n".join([
+            "",
+            f"listeners=EXTERNAL://127.0.0.1:{p.kafka},INTERNAL://127.0.0.1:{p.kafka_internal},"
+            f"CONTROLLER://127.0.0.1:{p.kafka_controller}",
+            f"advertised.listeners=EXTERNAL://127.0.0.1:{p.proxy['kafka']},INTERNAL://127.0.0.1:{p.kafka_internal}",
+            f"controller.quorum.voters=1@127.0.0.1:{p.kafka_controller}",
+            f"log.dirs={data}",
+            "",
+        ])
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "server.properties").write_text(props)
+        if fresh:
+            shutil.rmtree(data, ignore_errors=True)
+            shutil.copytree(self._kafka_template(base / "server.properties"), data)
+        return self._java(self._tools.kafka_lib, "384m", FIXTURES / "kafka" / "log4j2.properties", {},
+                          ["kafka.Kafka", str(base / "server.properties")])
+
+    def _kafka_template(self, props: Path) -> Path:
+        """Return a KRaft-formatted empty log dir, made once (the format step costs a JVM start)."""
+        assert self._tools is not None
+        template = cache_root() / "templates" / f"kafka-{topology.KAFKA.version}"
+        if (template / "meta.properties").exists():
+            return template
+        import base64
+        import subprocess
+
+        work = Path(tempfile.mkdtemp(prefix="txchaos-kraft-"))
+        fmt_props = work / "format.properties"
+        text = props.read_text()
+        fmt_props.write_text(text.replace(f"log.dirs={props.parent / 'data'}", f"log.dirs={work / 'data'}"))
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = self._java(self._tools.kafka_lib, "256m", FIXTURES / "kafka" / "log4j2.properties", {},
+                         ["kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(fmt_props)])
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise StackError("Kafka storage format failed", hint="check the Kafka jars in the cache",
+                             log_tail=proc.stdout + proc.stderr)
+        template.parent.mkdir(parents=True, exist_ok=True)
+        tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
+        shutil.copytree(work / "data", tmp)
+        shutil.rmtree(work, ignore_errors=True)
+        tmp.rename(template) if not template.exists() else shutil.rmtree(tmp)
+        return template
+
+    # -- wiring --------------------------------------------------------------------------------
+    def _endpoints(self) -> Endpoints:
+        p = self.ports
+
+        def ep(proxy: str, port: int) -> Endpoint:
+            return Endpoint("127.0.0.1", p.proxy[proxy], proxy, "127.0.0.1", port)
+
+        return Endpoints(
+            provider=self.name, stack_id=self.stack_id,
+            postgres=ep("postgres", p.postgres), stomp=ep("activemq_stomp", p.stomp), kafka=ep("kafka", p.kafka),
+            toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
+            db_user=topology.DB_USER, db_password=topology.DB_PASSWORD, db_name=topology.DB_NAME,
+            state_dir=str(self.state_dir),
+        )
+
+    def _create_proxies(self, ep: Endpoints) -> None:
+        from harness.clients.toxiproxy import ToxiproxyAdmin
+
+        admin = ToxiproxyAdmin(ep.toxiproxy_api)
+        for e in (ep.postgres, ep.stomp, ep.kafka):
+            admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
+
+    def _wait_one(self, service: str, ep: Endpoints) -> float:
+        from harness.clients import db, kafka
+
+        admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
+        waits = {
+            "postgres": Wait("postgres through its proxy", lambda: db.ping(admin_url), timeout=START_TIMEOUT_S,
+                             tolerated=(Exception,)),
+            "activemq": Wait("activemq STOMP through its proxy", stomp_connected(ep.stomp.host, ep.stomp.port),
+                             timeout=START_TIMEOUT_S),
+            "kafka": Wait("kafka metadata through its proxy", lambda: kafka.broker_ready(ep.kafka.address, 1.0),
+                          timeout=START_TIMEOUT_S, interval=0.2),
+        }
+        took = waits[service].run(self.procs[service])
+        if service == "postgres":
+            db.ensure_database(admin_url, ep.db_name)
+        return took
+
+    def _wait_all(self, ep: Endpoints) -> None:
+        errors: list[BaseException] = []
+
+        def run(service: str) -> None:
+            try:
+                self.timings[service] = self._wait_one(service, ep)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in ("postgres", "activemq", "kafka")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+
+def stop_detached(stack_id: str) -> list[str]:
+    """Stop a stack started by ``txchaos up`` in an earlier process; returns what was stopped."""
+    reaped = reap_orphans(include_detached_tag=f"stack/{stack_id}/")
+    for pg in Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack_id}-*"):
+        shutil.rmtree(pg, ignore_errors=True)
+    for sub in ("activemq", "kafka"):
+        shutil.rmtree(stacks_root() / stack_id / sub, ignore_errors=True)
+    return reaped

@@ -1,0 +1,214 @@
+"""Spawn, stop and reap the OS processes the harness starts (servers and workers).
+
+Every process runs in its own process group so a stop takes its children with it. Two
+mechanisms make sure nothing outlives the harness:
+
+- a *session-owned* process gets ``PR_SET_PDEATHSIG=SIGKILL``: when the harness process dies,
+  even by SIGKILL, the kernel kills the child at once;
+- every process is recorded in ``<cache>/procs/``; the next harness start reaps any record
+  whose owner is gone (checked by pid *and* start time, so a reused pid is not mistaken) and
+  whose process still carries the harness's tag in its environment.
+
+A *detached* process (``txchaos up``) has no owner: only ``txchaos down`` stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.paths import cache_root
+
+TAG_VAR = "TXCHAOS_PROC_TAG"
+_PR_SET_PDEATHSIG = 1
+
+
+def _registry() -> Path:
+    path = cache_root() / "procs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def start_time(pid: int) -> int | None:
+    """Return the kernel start time (clock ticks) of ``pid``, or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces or parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _has_tag(pid: int, tag: str) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{TAG_VAR}={tag}".encode() in env.split(b"\0")
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Managed:
+    """A process the harness started, with its log file and registry record."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    record: Path
+    tag: str
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    name: str,
+    tag: str,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+    detached: bool = False,
+) -> Managed:
+    """Start ``argv`` in a new process group with output to ``log_path``, and record it.
+
+    Call it from a thread that outlives the child (the main thread): PDEATHSIG fires when the
+    spawning *thread* exits.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ if env is None else env)
+    full_env[TAG_VAR] = tag
+    preexec: Callable[[], None] | None = None if detached else _die_with_parent
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            user=user,
+            start_new_session=True,
+            preexec_fn=preexec,  # noqa: PLW1509 - prctl must run in the child before exec
+        )
+    owner = None if detached else os.getpid()
+    record = _registry() / f"{tag.replace('/', '_')}-{popen.pid}.json"
+    record.write_text(
+        json.dumps(
+            {
+                "pid": popen.pid,
+                "tag": tag,
+                "name": name,
+                "owner_pid": owner,
+                "owner_start": start_time(owner) if owner else None,
+                "argv0": argv[0],
+            }
+        )
+    )
+    return Managed(name=name, popen=popen, log_path=log_path, record=record, tag=tag)
+
+
+def kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def stop(proc: Managed, *, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+    """Stop ``proc``'s process group: ``sig``, then SIGKILL after ``timeout``; returns its exit code."""
+    if proc.alive():
+        kill_group(proc.pid, sig)
+        try:
+            proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid, signal.SIGKILL)
+            proc.popen.wait(timeout=10)
+    # Children of the group (postgres backends) may linger a moment after the leader exits.
+    kill_group(proc.pid, signal.SIGKILL)
+    proc.record.unlink(missing_ok=True)
+    return proc.popen.returncode
+
+
+def _owner_alive(rec: dict[str, object]) -> bool:
+    owner = rec.get("owner_pid")
+    if owner is None:
+        return True  # detached: owned by the user until `txchaos down`
+    assert isinstance(owner, int)
+    return start_time(owner) == rec.get("owner_start")
+
+
+def reap_orphans(*, include_detached_tag: str | None = None) -> list[str]:
+    """Kill every recorded process whose owner is gone; returns what was reaped.
+
+    ``include_detached_tag`` also reaps detached processes whose tag starts with it
+    (``txchaos down`` of a stack whose CLI process is long gone).
+    """
+    reaped = []
+    for path in sorted(_registry().glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        pid, tag = int(rec["pid"]), str(rec["tag"])
+        wanted = include_detached_tag is not None and tag.startswith(include_detached_tag)
+        if _owner_alive(rec) and not wanted:
+            continue
+        if _has_tag(pid, tag):
+            kill_group(pid, signal.SIGKILL)
+            kill_group_wait(pid)
+            reaped.append(f"{rec.get('name')} pid {pid} ({tag})")
+        path.unlink(missing_ok=True)
+    return reaped
+
+
+def kill_group_wait(pid: int, timeout: float = 5.0) -> None:
+    """Wait until ``pid`` is gone (it is not our child when reaped from an earlier run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and start_time(pid) is not None:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if start_time(pid) else ""
+        if state == "Z":
+            return
+        time.sleep(0.05)
+
+
+def free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct free TCP ports on loopback."""
+    import socket
+
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports

@@ -1,0 +1,67 @@
+"""Readiness waits: poll a probe until it passes, or fail with the service's log tail and a hint."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.errors import StackError
+from harness.stack.procs import Managed
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Poll ``probe`` every ``interval`` s for up to ``timeout`` s, tolerating ``tolerated`` errors."""
+
+    what: str
+    probe: Callable[[], bool]
+    timeout: float = 60.0
+    interval: float = 0.1
+    tolerated: tuple[type[BaseException], ...] = (OSError,)
+    hint: str = ""
+
+    def run(self, proc: Managed | None = None) -> float:
+        """Return the seconds it took; raise StackError when the time is up or the process died."""
+        started = time.monotonic()
+        last_error: BaseException | None = None
+        while True:
+            if proc is not None and not proc.alive():
+                raise StackError(
+                    f"{self.what}: process exited with code {proc.popen.returncode} before it was ready",
+                    hint=self.hint or f"read {proc.log_path}",
+                    log_tail=proc.log_tail(),
+                )
+            try:
+                if self.probe():
+                    return time.monotonic() - started
+            except self.tolerated as exc:
+                last_error = exc
+            if time.monotonic() - started > self.timeout:
+                why = f" (last error: {last_error!r})" if last_error else ""
+                raise StackError(
+                    f"{self.what}: not ready after {self.timeout:.0f}s{why}",
+                    hint=self.hint or "raise the timeout with TXCHAOS_START_TIMEOUT, or read the log",
+                    log_tail=proc.log_tail() if proc else "",
+                )
+            time.sleep(self.interval)
+
+
+def port_open(host: str, port: int) -> Callable[[], bool]:
+    """Return a probe that passes once ``host:port`` accepts a TCP connection."""
+    def probe() -> bool:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    return probe
+
+
+def stomp_connected(host: str, port: int) -> Callable[[], bool]:
+    """Return a probe that passes once a STOMP CONNECT gets CONNECTED (the broker is serving)."""
+    def probe() -> bool:
+        with socket.create_connection((host, port), timeout=1.0) as s:
+            s.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
+            s.settimeout(2.0)
+            data = s.recv(64)
+            return data.startswith(b"CONNECTED")
+    return probe

@@ -1,0 +1,94 @@
+"""Named crash points: armed by the harness, hit by a worker that SIGKILLs itself.
+
+The driver writes the arms of a run to ``<run>/arms.json``; a worker re-reads the file when it
+changes, so arms can be added while the run goes on. An arm fires once: the worker claims it
+by creating ``<run>/arms/<id>.fired`` (O_EXCL) before it kills itself, so its restarted self,
+or another worker, never fires it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+
+# Points every stage passes through; a pattern may declare more (e.g. after_external_call).
+STAGE_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit", "after_external_call")
+
+
+@dataclass(frozen=True)
+class CrashArm:
+    """Kill the worker at ``point`` when the other fields match (None matches anything).
+
+    ``op``: only while processing this operation id. ``worker``: only this worker.
+    ``nth``: only the nth time a worker process reaches the point (1-based).
+    """
+
+    id: str
+    point: str
+    op: str | None = None
+    worker: str | None = None
+    nth: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.point or not self.point.replace("_", "").isalnum():
+            raise ConfigError(f"bad crash point name {self.point!r}", hint=f"use one of {', '.join(STAGE_POINTS)}")
+        if self.nth is not None and self.nth < 1:
+            raise ConfigError(f"crash arm nth={self.nth} is not a count", hint="nth counts from 1: the 1st hit")
+
+
+def write_arms(run_dir: Path, arms: list[CrashArm]) -> None:
+    """Replace the run's arms atomically (a worker never reads half a file)."""
+    tmp = run_dir / "arms.json.tmp"
+    tmp.write_text(json.dumps([asdict(a) for a in arms]))
+    tmp.replace(run_dir / "arms.json")
+
+
+def fired_arms(run_dir: Path) -> set[str]:
+    """Return the ids of the arms that have fired."""
+    return {p.stem for p in (run_dir / "arms").glob("*.fired")}
+
+
+class CrashPoints:
+    """The worker side: count hits per point and fire matching arms."""
+
+    def __init__(self, run_dir: Path, worker: str, ledger: LedgerWriter) -> None:
+        self.run_dir, self.worker, self.ledger = run_dir, worker, ledger
+        self.hits: Counter[str] = Counter()
+        self._arms: list[CrashArm] = []
+        self._mtime = -1.0
+        (run_dir / "arms").mkdir(exist_ok=True)
+
+    def _load(self) -> list[CrashArm]:
+        path = self.run_dir / "arms.json"
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return []
+        if mtime != self._mtime:
+            self._arms = [CrashArm(**a) for a in json.loads(path.read_text())]
+            self._mtime = mtime
+        return self._arms
+
+    def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
+        """Record that ``point`` was reached; SIGKILL this process if an arm matches."""
+        self.hits[point] += 1
+        for arm in self._load():
+            if arm.point != point or (arm.op is not None and arm.op != op):
+                continue
+            if (arm.worker is not None and arm.worker != self.worker) or (arm.nth is not None and arm.nth != self.hits[point]):
+                continue
+            try:
+                fd = os.open(self.run_dir / "arms" / f"{arm.id}.fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            self.ledger.emit(Kind.CRASH, op=op, msg=msg, stage=stage, point=point, arm=arm.id, worker=self.worker)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,30 @@
+"""What a worker process is told to do, passed as a JSON file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker: which stage handler to run, from which queue to which, inside which run."""
+
+    name: str
+    run_dir: str
+    endpoints_path: str
+    handler: str  # "module:function", the stage handler
+    stage: str
+    input_queue: str
+    output_queue: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> WorkerSpec:
+        return cls(**json.loads(path.read_text()))
