@@ -90,7 +90,9 @@ class StompClient:
     ...     c.send("orders", '{"op": "op-1"}')
     """
 
-    def __init__(self, host: str, port: int, *, client_id: str | None = None, heartbeats: tuple[int, int] = HEARTBEATS) -> None:
+    def __init__(
+        self, host: str, port: int, *, client_id: str | None = None, heartbeats: tuple[int, int] = HEARTBEATS
+    ) -> None:
         self.host, self.port = host, port
         self._listener = _Listener()
         self._ids = itertools.count(1)
@@ -101,8 +103,10 @@ class StompClient:
         try:
             self._conn.connect(wait=True, headers={"client-id": client_id or f"txchaos-{uuid.uuid4().hex[:8]}"})
         except (StompException, OSError) as exc:
-            raise HarnessError(f"STOMP connect to {host}:{port} failed: {exc}",
-                               hint="is the broker up (`txchaos status`) and the activemq_stomp proxy enabled?") from exc
+            raise HarnessError(
+                f"STOMP connect to {host}:{port} failed: {exc}",
+                hint="is the broker up (`txchaos status`) and the activemq_stomp proxy enabled?",
+            ) from exc
         self._subs: dict[str, str] = {}
 
     # -- consuming -------------------------------------------------------------------------
@@ -135,8 +139,15 @@ class StompClient:
         self._conn.nack(msg.ack_id)
 
     # -- producing and transactions ----------------------------------------------------------
-    def send(self, name: str, body: str, *, transaction: str | None = None, headers: dict[str, str] | None = None,
-             persistent: bool = True) -> None:
+    def send(
+        self,
+        name: str,
+        body: str,
+        *,
+        transaction: str | None = None,
+        headers: dict[str, str] | None = None,
+        persistent: bool = True,
+    ) -> None:
         all_headers = {"persistent": "true" if persistent else "false", **(headers or {})}
         if transaction:
             all_headers["transaction"] = transaction

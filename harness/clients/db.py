@@ -79,4 +79,15 @@ def is_connection_error(exc: BaseException) -> bool:
     )
 
 
-__all__ = ["Connection", "Engine", "apply_schema", "column_values", "engine", "ensure_database", "is_connection_error", "is_integrity_error", "ping", "truncate_all"]
+__all__ = [
+    "Connection",
+    "Engine",
+    "apply_schema",
+    "column_values",
+    "engine",
+    "ensure_database",
+    "is_connection_error",
+    "is_integrity_error",
+    "ping",
+    "truncate_all",
+]

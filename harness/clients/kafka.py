@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from harness.errors import HarnessError
 
@@ -36,7 +36,8 @@ def advertised(bootstrap: str, timeout: float = 5.0) -> list[str]:
 
 
 def create_topics(bootstrap: str, names: Iterable[str], *, partitions: int = 3) -> None:
-    futures = admin(bootstrap).create_topics(
+    client = admin(bootstrap)  # keep it referenced: a collected client cancels its futures
+    futures = client.create_topics(
         [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names], operation_timeout=10
     )
     for name, fut in futures.items():
@@ -49,12 +50,19 @@ def create_topics(bootstrap: str, names: Iterable[str], *, partitions: int = 3) 
 
 def produce(bootstrap: str, topic: str, values: Iterable[tuple[str, str]], *, timeout: float = 10.0) -> int:
     """Produce (key, value) pairs with acks=all; returns how many were acknowledged."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "message.timeout.ms": int(timeout * 1000)})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": int(timeout * 1000),
+        }
+    )
     acked: list[int] = []
     for key, value in values:
-        producer.produce(topic, value=value.encode(), key=key.encode(),
-                         on_delivery=lambda err, _msg: acked.append(0 if err else 1))
+        producer.produce(
+            topic, value=value.encode(), key=key.encode(), on_delivery=lambda err, _msg: acked.append(0 if err else 1)
+        )
     remaining = producer.flush(timeout)
     if remaining:
         raise HarnessError(f"{remaining} Kafka messages to {topic} not acknowledged in {timeout}s")
@@ -65,9 +73,15 @@ def consume_all(bootstrap: str, topic: str, *, expect: int, timeout: float = 15.
     """Read ``topic`` from the beginning with a throwaway group until ``expect`` records or timeout."""
     import time
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txchaos-read-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "session.timeout.ms": 6000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"txchaos-read-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+        }
+    )
     out: list[tuple[str, str]] = []
     try:
         consumer.subscribe([topic])

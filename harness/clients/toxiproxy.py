@@ -27,7 +27,9 @@ class ToxiproxyAdmin:
     def __init__(self, api_url: str) -> None:
         parsed = urlparse(api_url)
         if not parsed.hostname or not parsed.port:
-            raise ConfigError(f"bad Toxiproxy API URL {api_url!r}", hint="use http://HOST:PORT, e.g. http://127.0.0.1:8474")
+            raise ConfigError(
+                f"bad Toxiproxy API URL {api_url!r}", hint="use http://HOST:PORT, e.g. http://127.0.0.1:8474"
+            )
         self.api_url = api_url
         self._host, self._port = parsed.hostname, parsed.port
 
@@ -63,8 +65,16 @@ class ToxiproxyAdmin:
                 raise HarnessError(f"no Toxiproxy proxy named {name!r} at {self.api_url}")
             proxy.enable() if enabled else proxy.disable()
 
-    def add_toxic(self, proxy: str, *, type: str, name: str, stream: str = "downstream",
-                  toxicity: float = 1.0, attributes: dict[str, Any] | None = None) -> None:
+    def add_toxic(
+        self,
+        proxy: str,
+        *,
+        type: str,
+        name: str,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
         """Add a toxic (latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data)."""
         with self._client() as client:
             p = client.get_proxy(proxy)

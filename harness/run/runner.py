@@ -54,8 +54,9 @@ def _quiet(_: str) -> None:
 class ScenarioRun:
     """Drive one scenario run; ``execute`` returns the result."""
 
-    def __init__(self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None,
-                 progress: Progress = _quiet) -> None:
+    def __init__(
+        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+    ) -> None:
         self.spec = spec
         self.endpoints = endpoints
         self.progress = progress
@@ -110,10 +111,16 @@ class ScenarioRun:
         endpoints_path = self.folder.path / "endpoints.json"
         endpoints_path.write_text(self.endpoints.to_json())
         return [
-            WorkerSpec(name=f"worker-{i}", run_dir=str(self.folder.path), endpoints_path=str(endpoints_path),
-                       handler=self.spec.handler, stage=self.spec.name, input_queue=self.input_queue,
-                       output_queue=self.output_queue if self.spec.contract.expects_downstream else None,
-                       options=dict(self.spec.options))
+            WorkerSpec(
+                name=f"worker-{i}",
+                run_dir=str(self.folder.path),
+                endpoints_path=str(endpoints_path),
+                handler=self.spec.handler,
+                stage=self.spec.name,
+                input_queue=self.input_queue,
+                output_queue=self.output_queue if self.spec.contract.expects_downstream else None,
+                options=dict(self.spec.options),
+            )
             for i in range(self.spec.workers)
         ]
 
@@ -130,8 +137,9 @@ class ScenarioRun:
         with StompClient(ep.host, ep.port, client_id="txchaos-driver") as client:
             for i, op in enumerate(self.ops):
                 self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
-                client.send(self.input_queue, json.dumps({"op": op, "n": i, "amount": 1 + i % 7}),
-                            headers={"txchaos-op": op})
+                client.send(
+                    self.input_queue, json.dumps({"op": op, "n": i, "amount": 1 + i % 7}), headers={"txchaos-op": op}
+                )
             # An empty transaction's ABORT receipt proves the broker has taken every SEND before it.
             client.abort(client.begin())
         self.folder.step(f"submit {len(self.ops)} operations to {self.input_queue}")
@@ -175,24 +183,16 @@ class ScenarioRun:
             compact(path / "ledger")
             verdict = check_run(path, self.spec.contract, scenario=self.spec.label, seed=self.spec.seed)
         except Exception as exc:
-            raise HarnessError(f"verifying {path} failed: {exc}", hint="the ledger segments are kept in ledger/") from exc
+            raise HarnessError(
+                f"verifying {path} failed: {exc}", hint="the ledger segments are kept in ledger/"
+            ) from exc
         verdict = Verdict(**{**verdict.__dict__, "steps": tuple(self.folder.manifest.get("steps", ()))})
         verdict.write(path / "verdict.json")
-        self._plot(verdict)
         return RunResult(path, verdict, self.spec)
 
-    def _plot(self, verdict: Verdict) -> None:
-        try:
-            from harness.ledger.reader import read_ledger
-            from harness.reporting.plots import plot_timeline
-        except ImportError:
-            return
-        highlight = {w.op for w in verdict.witnesses}
-        plot_timeline(read_ledger(self.folder.path / "ledger"), self.folder.path / "timeline.png",
-                      title=f"{self.spec.label} seed {self.spec.seed}: {verdict.headline()}", highlight=highlight)
 
-
-def run_scenario(spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None,
-                 progress: Progress = _quiet) -> RunResult:
+def run_scenario(
+    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+) -> RunResult:
     """Run ``spec`` against ``endpoints`` and return the result (the verdict is in the run folder)."""
     return ScenarioRun(spec, endpoints, runs_root=runs_root, progress=progress).execute()

@@ -54,8 +54,13 @@ class Sink:
                     self._idle.clear()
                     queue = subs.get(msg.subscription, "")
                     op = op_of(msg)
-                    self.ledger.emit(self.queues.get(queue, Kind.DOWNSTREAM), op=op, msg=msg.message_id, dest=queue,
-                                     redelivered=msg.redelivered)
+                    self.ledger.emit(
+                        self.queues.get(queue, Kind.DOWNSTREAM),
+                        op=op,
+                        msg=msg.message_id,
+                        dest=queue,
+                        redelivered=msg.redelivered,
+                    )
                     client.ack(msg)
                     with self._lock:
                         self.received += 1

@@ -57,32 +57,44 @@ class ScenarioSpec:
     def __post_init__(self) -> None:
         for label, value in (("name", self.name), ("variant", self.variant)):
             if not _NAME.match(value):
-                raise ConfigError(f"scenario {label} {value!r} is not a simple name",
-                                  hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)")
+                raise ConfigError(
+                    f"scenario {label} {value!r} is not a simple name",
+                    hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)",
+                )
         if ":" not in self.handler:
-            raise ConfigError(f"handler {self.handler!r} is not an import path",
-                              hint="write it as 'package.module:function'")
+            raise ConfigError(
+                f"handler {self.handler!r} is not an import path", hint="write it as 'package.module:function'"
+            )
         if not 1 <= self.messages <= 1_000_000:
             raise ConfigError(f"messages={self.messages} is out of range", hint="choose 1 to 1,000,000 messages")
         if not 1 <= self.workers <= 16:
-            raise ConfigError(f"workers={self.workers} is out of range",
-                              hint="choose 1 to 16 workers (the machine has 2 cores)")
+            raise ConfigError(
+                f"workers={self.workers} is out of range", hint="choose 1 to 16 workers (the machine has 2 cores)"
+            )
         if self.timeout_s <= 0 or self.settle_s < 0:
-            raise ConfigError(f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
-                              hint="timeout_s must be > 0 and settle_s >= 0 seconds")
+            raise ConfigError(
+                f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
+                hint="timeout_s must be > 0 and settle_s >= 0 seconds",
+            )
         for crash in self.crashes:
             if crash.point not in STAGE_POINTS:
                 raise ConfigError(f"unknown crash point {crash.point!r}", hint=f"use one of {', '.join(STAGE_POINTS)}")
             if crash.op_index is None and crash.nth is None:
-                raise ConfigError(f"crash at {crash.point} names no message",
-                                  hint="give op_index (which operation) or nth (which hit of the point)")
+                raise ConfigError(
+                    f"crash at {crash.point} names no message",
+                    hint="give op_index (which operation) or nth (which hit of the point)",
+                )
             if crash.op_index is not None and not 0 <= crash.op_index < self.messages:
-                raise ConfigError(f"crash op_index={crash.op_index} but the scenario sends {self.messages} messages",
-                                  hint=f"choose an op_index from 0 to {self.messages - 1}")
+                raise ConfigError(
+                    f"crash op_index={crash.op_index} but the scenario sends {self.messages} messages",
+                    hint=f"choose an op_index from 0 to {self.messages - 1}",
+                )
         unknown = self.expect - set(ANOMALY_CLASSES)
         if unknown:
-            raise ConfigError(f"unknown anomaly class(es) {sorted(unknown)} in expect",
-                              hint=f"use classes from {', '.join(ANOMALY_CLASSES)}")
+            raise ConfigError(
+                f"unknown anomaly class(es) {sorted(unknown)} in expect",
+                hint=f"use classes from {', '.join(ANOMALY_CLASSES)}",
+            )
 
     @property
     def label(self) -> str:

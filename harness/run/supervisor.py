@@ -22,7 +22,9 @@ class WorkerPool:
     (children die with the thread that spawned them: PDEATHSIG).
     """
 
-    def __init__(self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.05) -> None:
+    def __init__(
+        self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.05
+    ) -> None:
         self.specs = specs
         self.run_dir = run_dir
         self.ledger = ledger
@@ -43,12 +45,15 @@ class WorkerPool:
             pending = {n for n in pending if not (self.run_dir / "workers" / f"{n}.ready").exists()}
             for name in pending:
                 if not self.procs[name].alive() and self.restarts > 3 * len(self.specs):
-                    raise HarnessError(f"{name} keeps dying before it subscribes",
-                                       hint=f"read {self.procs[name].log_path}")
+                    raise HarnessError(
+                        f"{name} keeps dying before it subscribes", hint=f"read {self.procs[name].log_path}"
+                    )
             time.sleep(0.02)
         if pending:
-            raise HarnessError(f"worker(s) {sorted(pending)} did not subscribe in {timeout:.0f}s",
-                               hint=f"read the worker logs in {self.run_dir / 'logs'}")
+            raise HarnessError(
+                f"worker(s) {sorted(pending)} did not subscribe in {timeout:.0f}s",
+                hint=f"read the worker logs in {self.run_dir / 'logs'}",
+            )
 
     def _spawn(self, spec: WorkerSpec) -> None:
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")

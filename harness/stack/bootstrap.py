@@ -91,6 +91,7 @@ def ensure_java() -> str:
 
 def ensure_postgres() -> str:
     """Return the Postgres server bin directory, installing the Debian package if missing."""
+
     def find() -> Path | None:
         candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
         return candidates[-1].parent if candidates else None
@@ -122,8 +123,16 @@ def ensure_jars(name: str) -> str:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     _run(
-        ["mvn", "-B", "-q", "-f", str(pom), f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
-         "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
+        [
+            "mvn",
+            "-B",
+            "-q",
+            "-f",
+            str(pom),
+            f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={tmp}",
+        ],
         what=f"resolving {name} jars with Maven",
     )
     (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -113,8 +113,6 @@ class DockerProvider:
         self._claim()
         self._compose = self._make_compose()
         try:
-            # An earlier run killed before stop() leaves containers and volumes: start from nothing.
-            self._compose.stop(down=True)
             self._up()
             self._wait_healthy()
         except BaseException as exc:
@@ -143,6 +141,20 @@ class DockerProvider:
         finally:
             (self.state_dir / "owner.pid").unlink(missing_ok=True)
             self._compose = None
+
+    @classmethod
+    def stop_project(cls, project: str) -> None:
+        """Stop a stack another process started and left up (``txchaos down``): save logs, down -v."""
+        provider = cls()
+        if project != provider.project:
+            raise ConfigError(
+                f"docker stack {project!r} is not this checkout's project {provider.project!r}",
+                hint=f"run: docker compose -p {project} down --volumes",
+            )
+        if not docker_available():
+            raise ConfigError("no Docker daemon answers", hint="start Docker, then run `txchaos down` again")
+        provider._compose = provider._make_compose()
+        provider.stop()
 
     def __enter__(self) -> Endpoints:
         return self.start()
@@ -183,7 +195,8 @@ class DockerProvider:
         """Record this process as the stack's owner; refuse if a live process already owns it."""
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         owner = self.state_dir / "owner.pid"
-        pid = int(owner.read_text().strip() or 0) if owner.is_file() else 0
+        text = owner.read_text().strip() if owner.is_file() else ""
+        pid = int(text) if text.isdigit() else 0
         if pid and pid != os.getpid() and _alive(pid):
             raise StackError(
                 f"docker stack {self.project!r} is in use by process {pid}",
@@ -193,6 +206,8 @@ class DockerProvider:
 
     def _up(self) -> None:
         try:
+            # An earlier run killed before stop() leaves containers and volumes: start from nothing.
+            self._compose.stop(down=True)
             self._compose.start()
         except subprocess.CalledProcessError as exc:
             err = _text(exc.stderr)
@@ -205,7 +220,14 @@ class DockerProvider:
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            containers = {c.Service: c for c in self._compose.get_containers(include_all=True)}
+            try:
+                containers = {c.Service: c for c in self._compose.get_containers(include_all=True)}
+            except subprocess.CalledProcessError as exc:
+                raise StackError(
+                    f"docker compose ps failed for project {self.project!r}",
+                    hint="check that the Docker daemon is still up",
+                    log_tail=_tail(_text(exc.stderr)),
+                ) from exc
             pending: list[tuple[str, str]] = []
             for service in SERVICE_NAMES:
                 c = containers.get(service)

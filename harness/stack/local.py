@@ -43,8 +43,7 @@ class Ports:
     @classmethod
     def pick(cls) -> Ports:
         p = free_ports(9)
-        return cls(p[0], p[1], p[2], p[3], p[4], p[5],
-                   {"postgres": p[6], "activemq_stomp": p[7], "kafka": p[8]})
+        return cls(p[0], p[1], p[2], p[3], p[4], p[5], {"postgres": p[6], "activemq_stomp": p[7], "kafka": p[8]})
 
 
 def _pg_user() -> str | None:
@@ -54,8 +53,10 @@ def _pg_user() -> str | None:
     try:
         pwd.getpwnam("postgres")
     except KeyError as exc:
-        raise ConfigError("running as root but there is no `postgres` user for the server",
-                          hint="install the Debian postgresql package, or run as a normal user") from exc
+        raise ConfigError(
+            "running as root but there is no `postgres` user for the server",
+            hint="install the Debian postgresql package, or run as a normal user",
+        ) from exc
     return "postgres"
 
 
@@ -80,8 +81,10 @@ class LocalProvider:
 
     def __init__(self, *, detached: bool = False, activemq_config: str = "activemq.xml") -> None:
         if not (FIXTURES / "activemq" / activemq_config).exists():
-            raise ConfigError(f"no ActiveMQ config {activemq_config!r} in {FIXTURES / 'activemq'}",
-                              hint="use activemq.xml, or add the file to fixtures/activemq/")
+            raise ConfigError(
+                f"no ActiveMQ config {activemq_config!r} in {FIXTURES / 'activemq'}",
+                hint="use activemq.xml, or add the file to fixtures/activemq/",
+            )
         self.detached = detached
         self.activemq_config = activemq_config
         self.stack_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -108,8 +111,9 @@ class LocalProvider:
             self._spawn("postgres")
             self._spawn("activemq")
             self._spawn("kafka")
-            self.timings["toxiproxy"] = Wait("toxiproxy API", port_open("127.0.0.1", self.ports.toxiproxy_api),
-                                             timeout=START_TIMEOUT_S).run(self.procs["toxiproxy"])
+            self.timings["toxiproxy"] = Wait(
+                "toxiproxy API", port_open("127.0.0.1", self.ports.toxiproxy_api), timeout=START_TIMEOUT_S
+            ).run(self.procs["toxiproxy"])
             self.endpoints = self._endpoints()
             self._create_proxies(self.endpoints)
             self._wait_all(self.endpoints)
@@ -156,14 +160,18 @@ class LocalProvider:
         assert self._tools is not None
         log = self.state_dir / "logs" / f"{service}.log"
         tag = f"stack/{self.stack_id}/{service}"
-        common = {"tag": tag, "log_path": log, "detached": self.detached}
-        argv, user = {
-            "toxiproxy": lambda: ([self._tools.toxiproxy, "-host", "127.0.0.1", "-port", str(self.ports.toxiproxy_api)], None),  # type: ignore[union-attr]
-            "postgres": lambda: self._postgres_argv(fresh),
-            "activemq": lambda: (self._activemq_argv(), None),
-            "kafka": lambda: (self._kafka_argv(fresh), None),
-        }[service]()
-        self.procs[service] = spawn(argv, name=service, user=user, **common)  # type: ignore[arg-type]
+        user: str | None = None
+        if service == "toxiproxy":
+            argv = [self._tools.toxiproxy, "-host", "127.0.0.1", "-port", str(self.ports.toxiproxy_api)]
+        elif service == "postgres":
+            argv, user = self._postgres_argv(fresh)
+        elif service == "activemq":
+            argv = self._activemq_argv()
+        elif service == "kafka":
+            argv = self._kafka_argv(fresh)
+        else:
+            raise ConfigError(f"unknown service {service!r}", hint="one of toxiproxy, postgres, activemq, kafka")
+        self.procs[service] = spawn(argv, name=service, tag=tag, log_path=log, user=user, detached=self.detached)
 
     def _postgres_argv(self, fresh: bool) -> tuple[list[str], str | None]:
         assert self._tools is not None
@@ -176,10 +184,29 @@ class LocalProvider:
             shutil.copytree(template, self._pg_data, dirs_exist_ok=True)
             _chown_tree(self._pg_data, user)
             self._pg_data.chmod(0o700)
-        argv = [str(bin_dir / "postgres"), "-D", str(self._pg_data), "-p", str(self.ports.postgres),
-                "-k", str(self._pg_data), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
-                "-c", "shared_buffers=64MB", "-c", "log_min_messages=warning"]
+        argv = [
+            str(bin_dir / "postgres"),
+            "-D",
+            str(self._pg_data),
+            "-p",
+            str(self.ports.postgres),
+            "-k",
+            str(self._pg_data),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "shared_buffers=64MB",
+            "-c",
+            "log_min_messages=warning",
+        ]
         return argv, user
 
     def _pg_template(self, bin_dir: Path, user: str | None) -> Path:
@@ -189,8 +216,18 @@ class LocalProvider:
             return template
         work = Path(tempfile.mkdtemp(prefix="txchaos-initdb-"))
         _chown_tree(work, user)
-        cmd = [str(bin_dir / "initdb"), "-D", str(work / "data"), "-U", topology.DB_USER, "--auth=trust",
-               "-N", "-E", "UTF8", "--locale=C"]
+        cmd = [
+            str(bin_dir / "initdb"),
+            "-D",
+            str(work / "data"),
+            "-U",
+            topology.DB_USER,
+            "--auth=trust",
+            "-N",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]
         import subprocess
 
         proc = subprocess.run(cmd, capture_output=True, text=True, user=user, check=False)
@@ -205,40 +242,66 @@ class LocalProvider:
 
     def _java(self, lib: str, heap: str, log_config: Path, props: dict[str, str], main: list[str]) -> list[str]:
         assert self._tools is not None
-        return [self._tools.java, f"-Xmx{heap}", "-Xms64m", *JVM_FLAGS, "-cp", f"{lib}/*",
-                f"-Dlog4j2.configurationFile={log_config}", *(f"-D{k}={v}" for k, v in props.items()), *main]
+        return [
+            self._tools.java,
+            f"-Xmx{heap}",
+            "-Xms64m",
+            *JVM_FLAGS,
+            "-cp",
+            f"{lib}/*",
+            f"-Dlog4j2.configurationFile={log_config}",
+            *(f"-D{k}={v}" for k, v in props.items()),
+            *main,
+        ]
 
     def _activemq_argv(self) -> list[str]:
         assert self._tools is not None
         data = self.state_dir / "activemq"
         data.mkdir(parents=True, exist_ok=True)
-        props = {"txchaos.data": str(data), "txchaos.bind": "127.0.0.1", "txchaos.stomp.port": str(self.ports.stomp),
-                 "activemq.home": str(data), "activemq.base": str(data), "activemq.data": str(data)}
-        return self._java(self._tools.activemq_lib, "256m", FIXTURES / "activemq" / "log4j2.properties", props,
-                          ["org.apache.activemq.console.Main", "start",
-                           f"xbean:file:{FIXTURES / 'activemq' / self.activemq_config}"])
+        props = {
+            "txchaos.data": str(data),
+            "txchaos.bind": "127.0.0.1",
+            "txchaos.stomp.port": str(self.ports.stomp),
+            "activemq.home": str(data),
+            "activemq.base": str(data),
+            "activemq.data": str(data),
+        }
+        return self._java(
+            self._tools.activemq_lib,
+            "256m",
+            FIXTURES / "activemq" / "log4j2.properties",
+            props,
+            ["org.apache.activemq.console.Main", "start", f"xbean:file:{FIXTURES / 'activemq' / self.activemq_config}"],
+        )
 
     def _kafka_argv(self, fresh: bool) -> list[str]:
         assert self._tools is not None
         base = self.state_dir / "kafka"
         data = base / "data"
         p = self.ports
-        props = (FIXTURES / "kafka" / "server.properties").read_text() + "\n".join([
-            "",
-            f"listeners=EXTERNAL://127.0.0.1:{p.kafka},INTERNAL://127.0.0.1:{p.kafka_internal},"
-            f"CONTROLLER://127.0.0.1:{p.kafka_controller}",
-            f"advertised.listeners=EXTERNAL://127.0.0.1:{p.proxy['kafka']},INTERNAL://127.0.0.1:{p.kafka_internal}",
-            f"controller.quorum.voters=1@127.0.0.1:{p.kafka_controller}",
-            f"log.dirs={data}",
-            "",
-        ])
+        props = (FIXTURES / "kafka" / "server.properties").read_text() + "\n".join(
+            [
+                "",
+                f"listeners=EXTERNAL://127.0.0.1:{p.kafka},INTERNAL://127.0.0.1:{p.kafka_internal},"
+                f"CONTROLLER://127.0.0.1:{p.kafka_controller}",
+                f"advertised.listeners=EXTERNAL://127.0.0.1:{p.proxy['kafka']},INTERNAL://127.0.0.1:{p.kafka_internal}",
+                f"controller.quorum.voters=1@127.0.0.1:{p.kafka_controller}",
+                f"log.dirs={data}",
+                "",
+            ]
+        )
         base.mkdir(parents=True, exist_ok=True)
         (base / "server.properties").write_text(props)
         if fresh:
             shutil.rmtree(data, ignore_errors=True)
             shutil.copytree(self._kafka_template(base / "server.properties"), data)
-        return self._java(self._tools.kafka_lib, "384m", FIXTURES / "kafka" / "log4j2.properties", {},
-                          ["kafka.Kafka", str(base / "server.properties")])
+        return self._java(
+            self._tools.kafka_lib,
+            "384m",
+            FIXTURES / "kafka" / "log4j2.properties",
+            {},
+            ["kafka.Kafka", str(base / "server.properties")],
+        )
 
     def _kafka_template(self, props: Path) -> Path:
         """Return a KRaft-formatted empty log dir, made once (the format step costs a JVM start)."""
@@ -254,12 +317,20 @@ class LocalProvider:
         text = props.read_text()
         fmt_props.write_text(text.replace(f"log.dirs={props.parent / 'data'}", f"log.dirs={work / 'data'}"))
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = self._java(self._tools.kafka_lib, "256m", FIXTURES / "kafka" / "log4j2.properties", {},
-                         ["kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(fmt_props)])
+        cmd = self._java(
+            self._tools.kafka_lib,
+            "256m",
+            FIXTURES / "kafka" / "log4j2.properties",
+            {},
+            ["kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(fmt_props)],
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise StackError("Kafka storage format failed", hint="check the Kafka jars in the cache",
-                             log_tail=proc.stdout + proc.stderr)
+            raise StackError(
+                "Kafka storage format failed",
+                hint="check the Kafka jars in the cache",
+                log_tail=proc.stdout + proc.stderr,
+            )
         template.parent.mkdir(parents=True, exist_ok=True)
         tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
         shutil.copytree(work / "data", tmp)
@@ -275,10 +346,15 @@ class LocalProvider:
             return Endpoint("127.0.0.1", p.proxy[proxy], proxy, "127.0.0.1", port)
 
         return Endpoints(
-            provider=self.name, stack_id=self.stack_id,
-            postgres=ep("postgres", p.postgres), stomp=ep("activemq_stomp", p.stomp), kafka=ep("kafka", p.kafka),
+            provider=self.name,
+            stack_id=self.stack_id,
+            postgres=ep("postgres", p.postgres),
+            stomp=ep("activemq_stomp", p.stomp),
+            kafka=ep("kafka", p.kafka),
             toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
-            db_user=topology.DB_USER, db_password=topology.DB_PASSWORD, db_name=topology.DB_NAME,
+            db_user=topology.DB_USER,
+            db_password=topology.DB_PASSWORD,
+            db_name=topology.DB_NAME,
             state_dir=str(self.state_dir),
         )
 
@@ -294,12 +370,23 @@ class LocalProvider:
 
         admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
         waits = {
-            "postgres": Wait("postgres through its proxy", lambda: db.ping(admin_url), timeout=START_TIMEOUT_S,
-                             tolerated=(Exception,)),
-            "activemq": Wait("activemq STOMP through its proxy", stomp_connected(ep.stomp.host, ep.stomp.port),
-                             timeout=START_TIMEOUT_S),
-            "kafka": Wait("kafka metadata through its proxy", lambda: kafka.broker_ready(ep.kafka.address, 1.0),
-                          timeout=START_TIMEOUT_S, interval=0.2),
+            "postgres": Wait(
+                "postgres through its proxy",
+                lambda: db.ping(admin_url),
+                timeout=START_TIMEOUT_S,
+                tolerated=(Exception,),
+            ),
+            "activemq": Wait(
+                "activemq STOMP through its proxy",
+                stomp_connected(ep.stomp.host, ep.stomp.port),
+                timeout=START_TIMEOUT_S,
+            ),
+            "kafka": Wait(
+                "kafka metadata through its proxy",
+                lambda: kafka.broker_ready(ep.kafka.address, 1.0),
+                timeout=START_TIMEOUT_S,
+                interval=0.2,
+            ),
         }
         took = waits[service].run(self.procs[service])
         if service == "postgres":

@@ -115,7 +115,7 @@ def spawn(
             cwd=cwd,
             user=user,
             start_new_session=True,
-            preexec_fn=preexec,  # noqa: PLW1509 - prctl must run in the child before exec
+            preexec_fn=preexec,
         )
     owner = None if detached else os.getpid()
     record = _registry() / f"{tag.replace('/', '_')}-{popen.pid}.json"

@@ -50,18 +50,22 @@ class Wait:
 
 def port_open(host: str, port: int) -> Callable[[], bool]:
     """Return a probe that passes once ``host:port`` accepts a TCP connection."""
+
     def probe() -> bool:
         with socket.create_connection((host, port), timeout=0.5):
             return True
+
     return probe
 
 
 def stomp_connected(host: str, port: int) -> Callable[[], bool]:
     """Return a probe that passes once a STOMP CONNECT gets CONNECTED (the broker is serving)."""
+
     def probe() -> bool:
         with socket.create_connection((host, port), timeout=1.0) as s:
             s.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00")
             s.settimeout(2.0)
             data = s.recv(64)
             return data.startswith(b"CONNECTED")
+
     return probe

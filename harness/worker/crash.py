@@ -83,7 +83,9 @@ class CrashPoints:
         for arm in self._load():
             if arm.point != point or (arm.op is not None and arm.op != op):
                 continue
-            if (arm.worker is not None and arm.worker != self.worker) or (arm.nth is not None and arm.nth != self.hits[point]):
+            if (arm.worker is not None and arm.worker != self.worker) or (
+                arm.nth is not None and arm.nth != self.hits[point]
+            ):
                 continue
             try:
                 fd = os.open(self.run_dir / "arms" / f"{arm.id}.fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -120,8 +120,18 @@ class StageWorker:
             with self.engine.connect() as conn:
                 trans = conn.begin()
                 try:
-                    ctx = StageContext(op, body, msg, conn, self.spec.options, self.spec.name, stage, send,
-                                       lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d), reach)
+                    ctx = StageContext(
+                        op,
+                        body,
+                        msg,
+                        conn,
+                        self.spec.options,
+                        self.spec.name,
+                        stage,
+                        send,
+                        lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
+                        reach,
+                    )
                     self.handler(ctx)
                     reach("before_db_commit")
                     trans.commit()

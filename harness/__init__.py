@@ -1,0 +1,84 @@
+"""txchaos: prove that a transactional messaging flow neither loses nor duplicates under chaos.
+
+The public API is what ``__all__`` lists; everything else may change. Names load lazily so
+``import harness`` (and the pytest plugin) stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ConfigError": "harness.errors",
+    "HarnessError": "harness.errors",
+    "InvariantViolation": "harness.errors",
+    "StackError": "harness.errors",
+    "TxChaosError": "harness.errors",
+    "Endpoints": "harness.stack.base",
+    "Endpoint": "harness.stack.base",
+    "LocalProvider": "harness.stack.local",
+    "make_provider": "harness.stack.select",
+    "Kind": "harness.ledger.schema",
+    "LedgerWriter": "harness.ledger.writer",
+    "read_ledger": "harness.ledger.reader",
+    "FlowContract": "harness.verify.model",
+    "Verdict": "harness.verify.verdict",
+    "Witness": "harness.verify.verdict",
+    "check_run": "harness.verify.checker",
+    "StageContext": "harness.worker.stage",
+    "Crash": "harness.run.spec",
+    "ScenarioSpec": "harness.run.spec",
+    "RunResult": "harness.run.runner",
+    "run_scenario": "harness.run.runner",
+}
+
+__all__ = [
+    "ConfigError",
+    "Crash",
+    "Endpoint",
+    "Endpoints",
+    "FlowContract",
+    "HarnessError",
+    "InvariantViolation",
+    "Kind",
+    "LedgerWriter",
+    "LocalProvider",
+    "RunResult",
+    "ScenarioSpec",
+    "StackError",
+    "StageContext",
+    "TxChaosError",
+    "Verdict",
+    "Witness",
+    "check_run",
+    "make_provider",
+    "read_ledger",
+    "run_scenario",
+]
+
+if TYPE_CHECKING:
+    from harness.errors import ConfigError, HarnessError, InvariantViolation, StackError, TxChaosError
+    from harness.ledger.reader import read_ledger
+    from harness.ledger.schema import Kind
+    from harness.ledger.writer import LedgerWriter
+    from harness.run.runner import RunResult, run_scenario
+    from harness.run.spec import Crash, ScenarioSpec
+    from harness.stack.base import Endpoint, Endpoints
+    from harness.stack.local import LocalProvider
+    from harness.stack.select import make_provider
+    from harness.verify.checker import check_run
+    from harness.verify.model import FlowContract
+    from harness.verify.verdict import Verdict, Witness
+    from harness.worker.stage import StageContext
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures and record them in docs/benchmarks.md."""

@@ -1,0 +1,287 @@
+"""The ``txchaos`` command line.
+
+Exit codes: 0 clean verdict (or every expectation met), 1 anomalies found, 2 bad usage or
+configuration, 3 the stack or the harness failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from harness.errors import ConfigError, TxChaosError
+
+console = Console(stderr=False, highlight=False)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _seed(value: str) -> int:
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {value!r} is not an integer: pass e.g. --seed 7") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"seed {seed} is negative: seeds are 0 or more")
+    return seed
+
+
+# -- stack ------------------------------------------------------------------------------------
+def cmd_up(args: argparse.Namespace) -> int:
+    from harness.stack.select import load_current, make_provider, save_current
+
+    if load_current() is not None and _stack_alive():
+        raise ConfigError("a stack is already up", hint="`txchaos status` shows it; `txchaos down` stops it")
+    provider = make_provider(args.provider, detached=True)
+    with console.status(f"starting the {provider.name} stack (Postgres, ActiveMQ, Kafka, Toxiproxy)"):
+        started = time.monotonic()
+        endpoints = provider.start()
+    save_current(endpoints)
+    console.print(f"stack [bold]{endpoints.stack_id}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})")
+    _print_endpoints(endpoints)
+    console.print(f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)")
+    return 0
+
+
+def _print_endpoints(endpoints: object) -> None:
+    from harness.stack.base import Endpoints
+
+    assert isinstance(endpoints, Endpoints)
+    table = Table("service", "client address (proxy)", "proxy", "upstream")
+    for name, ep in (("postgres", endpoints.postgres), ("activemq", endpoints.stomp), ("kafka", endpoints.kafka)):
+        table.add_row(name, ep.address, ep.proxy, f"{ep.upstream_host}:{ep.upstream_port}")
+    table.add_row("toxiproxy api", endpoints.toxiproxy_api, "", "")
+    console.print(table)
+    console.print(f"postgres url: {endpoints.postgres_url}")
+
+
+def _stack_alive() -> bool:
+    from harness.clients.toxiproxy import ToxiproxyAdmin
+    from harness.stack.select import load_current
+
+    ep = load_current()
+    if ep is None:
+        return False
+    try:
+        ToxiproxyAdmin(ep.toxiproxy_api).version()
+    except TxChaosError:
+        return False
+    return True
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from harness.stack.local import stop_detached
+    from harness.stack.select import current_file, load_current
+
+    ep = load_current()
+    if ep is None:
+        console.print("no stack is up")
+        return 0
+    if ep.provider == "docker":
+        from harness.stack.docker import DockerProvider
+
+        DockerProvider.stop_project(ep.stack_id)
+        stopped = [ep.stack_id]
+    else:
+        stopped = stop_detached(ep.stack_id)
+    current_file().unlink(missing_ok=True)
+    console.print(
+        f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs"
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from harness.clients import db, kafka
+    from harness.stack.select import load_current
+    from harness.stack.waits import stomp_connected
+
+    ep = load_current()
+    if ep is None:
+        console.print("no stack is up (start one with `txchaos up`)")
+        return 3
+    console.print(f"stack [bold]{ep.stack_id}[/] ({ep.provider}), state in {ep.state_dir}")
+    _print_endpoints(ep)
+    checks: dict[str, Callable[[], bool]] = {
+        "toxiproxy": _stack_alive,
+        "postgres": lambda: db.ping(ep.postgres_url),
+        "activemq": stomp_connected(ep.stomp.host, ep.stomp.port),
+        "kafka": lambda: kafka.broker_ready(ep.kafka.address, 2.0),
+    }
+    ok = True
+    for name, probe in checks.items():
+        try:
+            up = bool(probe())
+        except Exception:
+            up = False
+        ok &= up
+        console.print(f"  {name:<10} {'[green]up[/]' if up else '[red]DOWN[/]'}")
+    return 0 if ok else 3
+
+
+# -- runs -------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.reporting.plots import render_run
+    from harness.run.runner import run_scenario
+    from harness.run.scenarios import resolve
+    from harness.stack.select import endpoints_from_env, load_current, make_provider
+
+    specs = resolve(args.scenario, args.seed)  # validated before any service starts
+    endpoints = endpoints_from_env() or (load_current() if _stack_alive() else None)
+    provider = None
+    if endpoints is None:
+        provider = make_provider(args.provider)
+        with console.status("starting a stack for this run (use `txchaos up` to keep one running)"):
+            endpoints = provider.start()
+    worst = 0
+    try:
+        for spec in specs:
+            with console.status(f"running {spec.label} seed {spec.seed}") as status:
+
+                def show(message: str, status: Status = status, label: str = spec.label) -> None:
+                    status.update(f"{label}: {message}")
+
+                result = run_scenario(spec, endpoints, progress=show)
+            render_run(result.run_dir)
+            verdict = result.verdict
+            colour = "green" if verdict.clean else "red"
+            console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
+            console.print(f"  run folder: {result.run_dir}")
+            for w in verdict.witnesses[:5]:
+                console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
+            if not verdict.clean:
+                worst = 1
+                console.print(f"  replay: txchaos run {spec.name}:{spec.variant} --seed {spec.seed}")
+    finally:
+        if provider is not None:
+            provider.stop()
+    return worst
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    cmd = [sys.executable, "-m", "pytest", *args.pytest_args]
+    return subprocess.call(cmd, cwd=REPO)
+
+
+def cmd_flagship(args: argparse.Namespace) -> int:
+    from harness.paths import reports_root
+
+    out = reports_root() / "flagship" / time.strftime("%Y%m%d-%H%M%S")
+    results = out / "allure-results"
+    console.rule("txchaos flagship: crash in the gap of a best-effort 1PC stage (naive vs fixed)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "scenarios/onepc_crash_gap_scenario.py",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        f"--alluredir={results}",
+    ]
+    if args.provider:
+        cmd.append(f"--txchaos-provider={args.provider}")
+    code = subprocess.call(cmd, cwd=REPO)
+    html = _allure_html(results, out / "allure-report")
+    console.rule("flagship done")
+    console.print(f"run folders: {reports_root() / 'runs'}")
+    if html:
+        console.print(f"report: {html}")
+    return code if code in (0, 1) else 3
+
+
+def _allure_html(results: Path, out: Path) -> Path | None:
+    from harness.reporting.allure_cli import generate_html
+    from harness.stack.bootstrap import BootstrapError, load_tools
+
+    try:
+        allure = load_tools().allure
+    except BootstrapError:
+        allure = None
+    if not allure or not results.is_dir():
+        console.print("[yellow]no Allure command line: HTML report skipped (run ./txchaos to install it)[/]")
+        return None
+    return generate_html(Path(allure), results, out)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    results = Path(args.results)
+    if not results.is_dir():
+        raise ConfigError(f"no allure results in {results}", hint="pass the allure-results folder of a pytest run")
+    html = _allure_html(results, Path(args.out) if args.out else results.parent / "allure-report")
+    if html:
+        console.print(f"report: {html}")
+    return 0 if html else 3
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    module = "harness.bench.stack" if args.what == "stack" else "harness.bench.verify"
+    bench_main: Callable[[list[str]], int] = importlib.import_module(module).main
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="txchaos", description="Chaos harness for transactional messaging.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start a stack and keep it running; prints the endpoints")
+    p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop the stack `up` started").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="show the running stack and probe each service").set_defaults(func=cmd_status)
+
+    p = sub.add_parser("run", help="run SCENARIO[:VARIANT]; writes a run folder and prints its verdict")
+    p.add_argument("scenario")
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("flagship", help="the flagship chaos run: stack, scenarios, verified ledgers, Allure report")
+    p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.set_defaults(func=cmd_flagship)
+
+    p = sub.add_parser("test", help="run the whole test suite (extra arguments go to pytest)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser("report", help="turn an allure-results folder into an offline HTML report")
+    p.add_argument("results")
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("bench", help="benchmarks: `stack` (start, reset, throughput) or `verify` (ledger engines)")
+    p.add_argument("what", choices=("stack", "verify"))
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except TxChaosError as exc:
+        # Plain stderr, never wrapped: the message names a value the user will copy.
+        sys.stderr.write(f"txchaos: {type(exc).__name__}: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; every process the harness started has been stopped[/]")
+        return 3
+    except Exception:
+        traceback.print_exc()
+        console.print("[red]txchaos: the harness failed (exit 3); the traceback above says where[/]")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The txchaos pytest plugin (entry point ``pytest11``): options, markers, fixtures, summary.
+
+Heavy modules load inside the fixtures, so having the plugin installed costs a test run that
+never asks for the stack almost nothing.
+
+Fixtures:
+- ``txchaos_stack`` (session): the ``Endpoints`` of a running stack; started for the session,
+  or the one named by ``--txchaos-endpoints`` / ``$TXCHAOS_ENDPOINTS`` / ``txchaos up``.
+- ``txchaos_reset`` (function): a ``Resetter`` that has just emptied tables, purged tracked
+  queues and topics, and removed every toxic.
+- ``txchaos_run`` (function): ``run(spec) -> RunResult``; the run folder is attached to Allure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.run.runner import RunResult
+    from harness.run.spec import ScenarioSpec
+    from harness.stack.base import Endpoints
+    from harness.stack.reset import Resetter
+
+MARKERS = {
+    "integration": "needs the real stack (Postgres, ActiveMQ, Kafka, Toxiproxy)",
+    "activemq": "exercises ActiveMQ over STOMP",
+    "kafka": "exercises Kafka",
+    "dtm": "exercises the DTM server",
+    "spark": "runs a Spark job",
+}
+_RUNS = pytest.StashKey[list["RunResult"]]()
+
+
+def _provider(value: str) -> str:
+    if value not in ("auto", "local", "docker"):
+        raise pytest.UsageError(f"--txchaos-provider={value!r}: use auto, local or docker")
+    return value
+
+
+def _endpoints_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise pytest.UsageError(f"--txchaos-endpoints={value!r} is not a file: pass reports/stacks/<id>/endpoints.json")
+    return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("txchaos", "txchaos chaos harness")
+    group.addoption(
+        "--txchaos-provider",
+        type=_provider,
+        default=None,
+        help="stack provider: auto (docker if a daemon answers, else local), local, docker",
+    )
+    group.addoption(
+        "--txchaos-endpoints",
+        type=_endpoints_file,
+        default=None,
+        help="use the running stack described by this endpoints.json instead of starting one",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[_RUNS] = []
+
+
+@pytest.fixture(scope="session")
+def txchaos_stack(request: pytest.FixtureRequest) -> Iterator[Endpoints]:
+    """Yield the stack's endpoints; a stack this fixture started is stopped at session end."""
+    from harness.stack.base import Endpoints
+    from harness.stack.select import endpoints_from_env, make_provider
+
+    given: Path | None = request.config.getoption("--txchaos-endpoints")
+    existing = Endpoints.load(given) if given else endpoints_from_env()
+    if existing is not None:
+        yield existing
+        return
+    provider = make_provider(request.config.getoption("--txchaos-provider"))
+    endpoints = provider.start()
+    try:
+        yield endpoints
+    finally:
+        provider.stop()
+
+
+@pytest.fixture(scope="session")
+def _txchaos_resetter(txchaos_stack: Endpoints) -> Iterator[Resetter]:
+    from harness.stack.reset import Resetter
+
+    resetter = Resetter(txchaos_stack)
+    try:
+        yield resetter
+    finally:
+        resetter.close()
+
+
+@pytest.fixture
+def txchaos_reset(_txchaos_resetter: Resetter) -> Resetter:
+    """Return the session's resetter after resetting the stack for this test."""
+    _txchaos_resetter.reset()
+    return _txchaos_resetter
+
+
+@pytest.fixture
+def txchaos_run(
+    request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchaos_reset: Resetter
+) -> Callable[[ScenarioSpec], RunResult]:
+    """Return ``run(spec)``: run a scenario, attach its folder to Allure, remember it for the summary."""
+    from harness.reporting.allure import attach_run
+    from harness.reporting.plots import render_run
+    from harness.run.runner import run_scenario
+
+    def run(spec: ScenarioSpec) -> RunResult:
+        result = run_scenario(spec, txchaos_stack)
+        txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
+        request.config.stash[_RUNS].append(result)
+        render_run(result.run_dir)
+        attach_run(result.run_dir)
+        return result
+
+    return run
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    runs = config.stash.get(_RUNS, [])
+    if not runs:
+        return
+    tr = terminalreporter
+    tr.section("txchaos verdicts")
+    for r in runs:
+        mark = "as expected" if r.as_expected else "UNEXPECTED"
+        tr.write_line(f"{r.spec.label:<40} seed {r.spec.seed:<4} {mark:<11} {r.verdict.headline()}")
+        tr.write_line(f"{'':<40} {os.path.relpath(r.run_dir)}")

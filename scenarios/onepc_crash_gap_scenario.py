@@ -1,0 +1,78 @@
+"""Mats3 best-effort 1PC stage, killed between the DB commit and the broker commit.
+
+The stage receives an order, inserts its effect and sends the next message, then commits the
+database and then the broker. The worker is SIGKILLed at ``after_db_commit`` on one operation
+(chosen from the seed); the broker redelivers that message to the restarted worker.
+
+- ``naive``: the redelivery inserts the effect again          -> duplicate-effect
+- ``naive-unique``: the unique key refuses it, the flow stops  -> dead-lettered-with-effect
+- ``check-then-skip``: finds the effect, re-emits the message  -> clean
+
+Run it: ``txchaos run onepc_crash_gap[:VARIANT] --seed N`` or ``pytest scenarios/``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from harness import Crash, ScenarioSpec
+
+NAME = "onepc_crash_gap"
+MESSAGES = 20
+
+
+def crashed_op_index(seed: int) -> int:
+    """Return which operation the worker is killed on, for ``seed``."""
+    return random.Random(seed).randrange(MESSAGES)
+
+
+def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
+    """Return the scenario's variants at ``seed``."""
+    crash = (Crash("after_db_commit", op_index=crashed_op_index(seed)),)
+
+    def spec(variant: str, handler: str, table: str, expect: set[str]) -> ScenarioSpec:
+        return ScenarioSpec(
+            name=NAME,
+            variant=variant,
+            handler=f"harness.patterns.onepc:{handler}",
+            schema="onepc",
+            effect_table=table,
+            options={"table": table},
+            crashes=crash,
+            messages=MESSAGES,
+            seed=seed,
+            timeout_s=45,
+            expect=frozenset(expect),
+        )
+
+    return {
+        "naive": spec("naive", "naive", "onepc_effects", {"duplicate-effect"}),
+        "naive-unique": spec("naive-unique", "naive", "onepc_effects_unique", {"dead-lettered-with-effect"}),
+        "check-then-skip": spec("check-then-skip", "check_then_skip", "onepc_effects", set()),
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.activemq
+@pytest.mark.parametrize("variant", list(variants()))
+@pytest.mark.parametrize("seed", [0, 7])
+def test_crash_in_the_gap(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
+    spec = variants(seed)[variant]
+    result = txchaos_run(spec)
+    verdict = result.verdict
+    crashed = f"{variant}-s{seed}-op{crashed_op_index(seed):05d}"
+    # The crash really happened in the window, and the harness names the exact operation.
+    assert verdict.stats["crashes"] == 1, verdict.stats
+    assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
+    for anomaly in spec.expect:
+        assert verdict.ops(anomaly) == {crashed}
+    assert verdict.stats["submitted"] == MESSAGES
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["run", NAME, *sys.argv[1:]]))

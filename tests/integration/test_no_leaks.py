@@ -1,0 +1,72 @@
+"""Killing the pytest process mid-run leaves no server behind once the next run starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.stack.procs import TAG_VAR, reap_orphans
+
+pytestmark = pytest.mark.integration
+
+
+def tagged(prefix: str) -> list[int]:
+    """Return the pids whose environment carries a harness tag starting with ``prefix``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(e.startswith(f"{TAG_VAR}={prefix}".encode()) for e in env):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigkilled_pytest_leaves_no_server(tmp_path: Path) -> None:
+    marker = tmp_path / "stack.txt"
+    (tmp_path / "test_hold.py").write_text(
+        textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+
+        def test_hold(txchaos_stack):
+            Path({str(marker)!r}).write_text(txchaos_stack.stack_id)
+            time.sleep(600)
+        """)
+    )
+    env = dict(os.environ, TXCHAOS_PROVIDER="local")
+    env.pop("TXCHAOS_ENDPOINTS", None)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_hold.py")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            assert child.poll() is None, "the nested pytest died before its stack was up"
+            time.sleep(0.2)
+        stack_id = marker.read_text()
+        prefix = f"stack/{stack_id}/"
+        assert len(tagged(prefix)) >= 4, "the nested run should have started all four services"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    deadline = time.monotonic() + 15
+    while tagged(prefix) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    reap_orphans()  # what the next run does first
+    assert tagged(prefix) == [], "server processes outlived the killed pytest run"

@@ -1,0 +1,75 @@
+"""Imports point one way, and each third-party driver is imported by exactly one adapter module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "harness"
+
+# Third-party driver -> the one module allowed to import it.
+ADAPTERS = {
+    "stomp": {"harness/clients/activemq.py"},
+    "confluent_kafka": {"harness/clients/kafka.py"},
+    "toxiproxy": {"harness/clients/toxiproxy.py"},
+    "pyspark": {"harness/verify/spark.py"},
+    "allure": {"harness/reporting/allure.py"},
+    "matplotlib": {"harness/reporting/plots.py"},
+    "docker": {"harness/stack/docker.py"},
+    "testcontainers": {"harness/stack/docker.py"},
+    "psycopg": set(),  # only through SQLAlchemy
+}
+
+# Layers, lowest first: a module may import only from its own layer or below.
+LAYERS = [
+    # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
+    {"errors", "paths", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
+    {"stack", "clients"},
+    {"ledger", "worker", "patterns"},
+    {"verify"},
+    {"run"},
+    {"reporting", "bench"},
+    {"cli", "pytest_plugin"},
+]
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")[1:]
+    for depth in (2, 1):
+        key = ".".join(parts[:depth])
+        for i, layer in enumerate(LAYERS):
+            if key in layer:
+                return i
+    return -1
+
+
+def _imports() -> list[tuple[str, str, str]]:
+    out = []
+    for path in PKG.rglob("*.py"):
+        rel = str(path.relative_to(PKG.parent))
+        module = rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out += [(rel, module, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out.append((rel, module, node.module))
+    return out
+
+
+@pytest.mark.parametrize("driver", sorted(ADAPTERS))
+def test_driver_imported_only_by_its_adapter(driver: str) -> None:
+    users = {rel for rel, _, name in _imports() if name == driver or name.startswith(driver + ".")}
+    assert users <= ADAPTERS[driver], f"{driver} imported outside its adapter: {sorted(users - ADAPTERS[driver])}"
+
+
+def test_imports_point_one_way() -> None:
+    bad = []
+    for rel, module, name in _imports():
+        if not name.startswith("harness.") or module == "harness":
+            continue
+        src, dst = _layer(module), _layer(name)
+        if src >= 0 and dst > src:
+            bad.append(f"{rel} imports {name}")
+    assert not bad, "upward imports:\n" + "\n".join(bad)

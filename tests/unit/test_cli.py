@@ -1,0 +1,61 @@
+"""Bad input exits 2 with a message naming the value and the fix, before any service starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_unknown_scenario_names_what_exists(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["run", "no_such_scenario"]) == 2
+    out = capsys.readouterr().err
+    assert "no_such_scenario" in out
+    assert "onepc_crash_gap" in out  # the hint lists what is available
+
+
+def test_unknown_variant(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["run", "onepc_crash_gap:bogus"]) == 2
+    out = capsys.readouterr().err
+    assert "'bogus'" in out
+    assert "check-then-skip" in out
+
+
+def test_bad_seed_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "onepc_crash_gap", "--seed", "x"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "seed 'x' is not an integer" in proc.stderr
+
+
+def test_bad_provider_env(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TXCHAOS_PROVIDER", "kubernetes")
+    monkeypatch.delenv("TXCHAOS_ENDPOINTS", raising=False)
+    monkeypatch.setenv("TXCHAOS_REPORTS", str(REPO / "reports" / "unit-cli"))
+    assert main(["run", "onepc_crash_gap:naive"]) == 2
+    assert "'kubernetes'" in capsys.readouterr().err
+
+
+def test_missing_endpoints_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(tmp_path / "nope.json"))
+    assert main(["run", "onepc_crash_gap:naive"]) == 2
+    assert "nope.json" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""A crash point really SIGKILLs the worker process, once per arm, after recording the crash."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from harness.ledger.reader import read_segments
+from harness.worker.crash import CrashArm, fired_arms, write_arms
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from harness.ledger.writer import LedgerWriter
+    from harness.ledger.schema import Kind
+    from harness.worker.crash import CrashPoints
+    run = Path(sys.argv[1])
+    ledger = LedgerWriter(run / "ledger", "worker-0")
+    points = CrashPoints(run, "worker-0", ledger)
+    for i in range(5):
+        op = f"op{i}"
+        ledger.emit(Kind.DELIVER, op=op)
+        points.reach("after_db_commit", op=op)
+        ledger.emit(Kind.BROKER_COMMIT, op=op)
+    """
+)
+
+
+def run_child(run: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-c", CHILD, str(run)], capture_output=True, timeout=60, check=False)
+
+
+def test_armed_point_kills_the_process_once(tmp_path: Path) -> None:
+    write_arms(tmp_path, [CrashArm(id="arm-0", point="after_db_commit", op="op2")])
+    first = run_child(tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()
+    assert fired_arms(tmp_path) == {"arm-0"}
+    rows = read_segments(tmp_path / "ledger").to_pylist()
+    kinds = [(r["kind"], r["op"]) for r in rows]
+    # Everything up to the crash is in the ledger; nothing after it.
+    assert kinds[-1] == ("crash", "op2")
+    assert ("broker_commit", "op1") in kinds
+    assert ("broker_commit", "op2") not in kinds
+    # The restarted process passes the same point without dying: the arm fired already.
+    second = run_child(tmp_path)
+    assert second.returncode == 0, second.stderr.decode()
+
+
+def test_nth_hit_and_worker_filter(tmp_path: Path) -> None:
+    write_arms(
+        tmp_path,
+        [
+            CrashArm(id="other", point="after_db_commit", worker="worker-9"),
+            CrashArm(id="third", point="after_db_commit", nth=3),
+        ],
+    )
+    result = run_child(tmp_path)
+    assert result.returncode == -signal.SIGKILL
+    assert fired_arms(tmp_path) == {"third"}
+    crash = [r for r in read_segments(tmp_path / "ledger").to_pylist() if r["kind"] == "crash"]
+    assert [c["op"] for c in crash] == ["op2"]  # the 3rd hit is the 3rd operation

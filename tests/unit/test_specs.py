@@ -1,0 +1,56 @@
+"""Specs reject bad input before any service starts, naming the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import ConfigError, Crash, ScenarioSpec
+from harness.worker.crash import CrashArm
+
+
+def spec(**kw: object) -> ScenarioSpec:
+    base: dict[str, object] = dict(
+        name="onepc",
+        variant="naive",
+        handler="harness.patterns.onepc:naive",
+        schema="onepc",
+        effect_table="onepc_effects",
+    )
+    base.update(kw)
+    return ScenarioSpec(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "named", "fix"),
+    [
+        ({"messages": 0}, "messages=0", "1 to 1,000,000"),
+        ({"workers": 40}, "workers=40", "1 to 16"),
+        ({"handler": "harness.patterns.onepc.naive"}, "harness.patterns.onepc.naive", "package.module:function"),
+        ({"name": "Bad Name"}, "'Bad Name'", "lower-case"),
+        ({"crashes": (Crash("after_dinner", op_index=1),)}, "after_dinner", "after_db_commit"),
+        ({"crashes": (Crash("after_db_commit", op_index=20),)}, "op_index=20", "from 0 to 19"),
+        ({"crashes": (Crash("after_db_commit"),)}, "names no message", "op_index"),
+        ({"expect": frozenset({"dupe"})}, "dupe", "duplicate-effect"),
+        ({"timeout_s": 0}, "timeout_s=0", "> 0"),
+    ],
+)
+def test_bad_spec_names_value_and_fix(kw: dict[str, object], named: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        spec(**kw)
+    text = str(info.value)
+    assert named in text
+    assert "Hint:" in text
+    assert fix in text
+    assert info.value.exit_code == 2
+
+
+def test_good_spec_is_frozen() -> None:
+    s = spec(crashes=(Crash("after_db_commit", op_index=3),))
+    with pytest.raises(AttributeError):
+        s.messages = 5  # type: ignore[misc]
+    assert s.label == "onepc:naive"
+
+
+def test_crash_arm_validates_nth() -> None:
+    with pytest.raises(ConfigError, match="nth=0"):
+        CrashArm(id="a", point="after_db_commit", nth=0)
