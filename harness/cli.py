@@ -21,7 +21,8 @@ from rich.table import Table
 
 from harness.errors import ConfigError, TxChaosError
 
-console = Console(stderr=False, highlight=False)
+# emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
+console = Console(highlight=False, emoji=False, soft_wrap=True)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -37,7 +38,7 @@ def _seed(value: str) -> int:
 
 # -- stack ------------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
-    from harness.stack.select import load_current, make_provider, save_current
+    from harness.stack.selection import load_current, make_provider, save_current
 
     if load_current() is not None and _stack_alive():
         raise ConfigError("a stack is already up", hint="`txchaos status` shows it; `txchaos down` stops it")
@@ -66,7 +67,7 @@ def _print_endpoints(endpoints: object) -> None:
 
 def _stack_alive() -> bool:
     from harness.clients.toxiproxy import ToxiproxyAdmin
-    from harness.stack.select import load_current
+    from harness.stack.selection import load_current
 
     ep = load_current()
     if ep is None:
@@ -80,7 +81,7 @@ def _stack_alive() -> bool:
 
 def cmd_down(args: argparse.Namespace) -> int:
     from harness.stack.local import stop_detached
-    from harness.stack.select import current_file, load_current
+    from harness.stack.selection import current_file, load_current
 
     ep = load_current()
     if ep is None:
@@ -102,7 +103,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from harness.clients import db, kafka
-    from harness.stack.select import load_current
+    from harness.stack.selection import load_current
     from harness.stack.waits import stomp_connected
 
     ep = load_current()
@@ -133,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from harness.reporting.plots import render_run
     from harness.run.runner import run_scenario
     from harness.run.scenarios import resolve
-    from harness.stack.select import endpoints_from_env, load_current, make_provider
+    from harness.stack.selection import endpoints_from_env, load_current, make_provider
 
     specs = resolve(args.scenario, args.seed)  # validated before any service starts
     endpoints = endpoints_from_env() or (load_current() if _stack_alive() else None)

@@ -75,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def txchaos_stack(request: pytest.FixtureRequest) -> Iterator[Endpoints]:
     """Yield the stack's endpoints; a stack this fixture started is stopped at session end."""
     from harness.stack.base import Endpoints
-    from harness.stack.select import endpoints_from_env, make_provider
+    from harness.stack.selection import endpoints_from_env, make_provider
 
     given: Path | None = request.config.getoption("--txchaos-endpoints")
     existing = Endpoints.load(given) if given else endpoints_from_env()

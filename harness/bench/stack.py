@@ -18,7 +18,7 @@ from harness.run.spec import ScenarioSpec
 from harness.stack.local import LocalProvider
 from harness.stack.reset import Resetter
 
-console = Console()
+console = Console(highlight=False, emoji=False, soft_wrap=True)
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -9,6 +9,9 @@ Standard library only: ``./txchaos`` runs this file before the project's virtual
 - the Allure command line from the npm registry, for offline HTML reports.
 
 Each missing tool gives one line: what is missing and how to get it.
+
+Run as a script, this file's folder is ``sys.path[0]``: no module beside it may share a name
+with a standard library module (``tests/unit/test_architecture.py`` checks).
 """
 
 from __future__ import annotations
@@ -226,6 +229,9 @@ def load_tools() -> Tools:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.version_info < (3, 11):
+        print(f"txchaos bootstrap: Python {sys.version.split()[0]} is too old: install Python 3.11+", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--no-venv", action="store_true", help="only the services' tools")

@@ -73,3 +73,11 @@ def test_imports_point_one_way() -> None:
         if src >= 0 and dst > src:
             bad.append(f"{rel} imports {name}")
     assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_bootstrap_siblings_do_not_shadow_stdlib() -> None:
+    # bootstrap.py runs as a script before the venv exists; its folder is then sys.path[0].
+    import sys
+
+    siblings = {p.stem for p in (PKG / "stack").glob("*.py")}
+    assert not siblings & set(sys.stdlib_module_names)
