@@ -20,7 +20,7 @@ _EXPORTS = {
     "Endpoints": "harness.stack.base",
     "Endpoint": "harness.stack.base",
     "LocalProvider": "harness.stack.local",
-    "make_provider": "harness.stack.select",
+    "make_provider": "harness.stack.selection",
     "Kind": "harness.ledger.schema",
     "LedgerWriter": "harness.ledger.writer",
     "read_ledger": "harness.ledger.reader",
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from harness.run.spec import Crash, ScenarioSpec
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider
-    from harness.stack.select import make_provider
+    from harness.stack.selection import make_provider
     from harness.verify.checker import check_run
     from harness.verify.model import FlowContract
     from harness.verify.verdict import Verdict, Witness

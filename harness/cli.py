@@ -251,8 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_flagship)
 
     p = sub.add_parser("test", help="run the whole test suite (extra arguments go to pytest)")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_test)
+    p.set_defaults(func=cmd_test, passthrough="pytest_args")
 
     p = sub.add_parser("report", help="turn an allure-results folder into an offline HTML report")
     p.add_argument("results")
@@ -261,13 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks: `stack` (start, reset, throughput) or `verify` (ledger engines)")
     p.add_argument("what", choices=("stack", "verify"))
-    p.add_argument("bench_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    passthrough = getattr(args, "passthrough", None)
+    if passthrough:  # `test` and `bench` hand everything they do not know to pytest / the benchmark
+        setattr(args, passthrough, extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
         return code

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.errors import ConfigError
+from harness.ledger.layout import OP_BUCKETS, BucketWriter, n_buckets_for, op_bucket_of
 from harness.ledger.schema import ARROW_SCHEMA, COLUMNS
 
 PARQUET_NAME = "events.parquet"
@@ -34,25 +37,48 @@ def read_segments(ledger_dir: Path) -> pa.Table:
     return table.sort_by([("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
 
+def with_op_bucket(table: pa.Table) -> pa.Table:
+    """Return ``table`` with its ``op_bucket`` column, sorted by (op, ts_ns, src, seq)."""
+    ops = table["op"].unique().to_pylist()
+    lookup = pa.array([op_bucket_of(o) for o in ops], pa.int32())
+    buckets = pc.take(lookup, pc.index_in(table["op"], value_set=pa.array(ops, pa.string())))
+    table = table.append_column("op_bucket", pc.fill_null(buckets, 0))
+    return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
+
+
 def compact(ledger_dir: Path) -> Path:
-    """Write the segments as ``events.parquet`` sorted by operation; the segments stay as written."""
-    table = read_segments(ledger_dir)
-    table = table.sort_by([("op", "ascending"), ("ts_ns", "ascending")])
+    """Write the segments as the bucketed ``events.parquet/`` directory; the segments stay as written.
+
+    Safe to repeat: the new directory replaces the old one only once it is complete.
+    """
+    table = with_op_bucket(read_segments(ledger_dir))
     out = ledger_dir / PARQUET_NAME
-    tmp = out.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=1_000_000)
-    tmp.replace(out)
+    tmp = ledger_dir / (PARQUET_NAME + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    writer = BucketWriter(tmp, n_buckets_for(table.num_rows))
+    writer.write(table)
+    writer.close(table.num_rows)
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+    tmp.rename(out)
     return out
 
 
 def read_ledger(ledger_dir: Path) -> pa.Table:
-    """Return the run's events: the parquet file when compacted, else the live segments."""
+    """Return the run's events: the compacted parquet when present, else the live segments."""
     parquet = ledger_dir / PARQUET_NAME
     if parquet.exists():
-        return pq.read_table(parquet, schema=ARROW_SCHEMA)
+        # a directory is the bucketed layout, a file the v1 single file; both read as one dataset
+        table = pq.read_table(parquet, columns=list(COLUMNS))
+        return table.cast(ARROW_SCHEMA)
     if (ledger_dir / "segments").is_dir():
         return read_segments(ledger_dir)
     raise ConfigError(
         f"no ledger in {ledger_dir}",
         hint="pass a run folder written by `txchaos run` (it holds ledger/segments or ledger/events.parquet)",
     )
+
+
+__all__ = ["OP_BUCKETS", "PARQUET_NAME", "compact", "read_ledger", "read_segments", "with_op_bucket"]

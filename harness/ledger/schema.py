@@ -22,7 +22,11 @@ detail        string     JSON object with anything else
 ============  =========  ==============================================================
 
 Segments are JSON lines (one file per writer process, see ``writer.py``); ``compact`` turns them
-into ``events.parquet`` sorted by (op, ts_ns) so engines can scan or group by operation cheaply.
+into ``events.parquet/``: hash buckets of ``op`` sorted by (op, ts_ns), with one extra int32
+column ``op_bucket`` (see ``layout.py``), so engines group by operation without a shuffle.
+
+Version 2 (this one) adds the kinds ``prepare`` and ``abort_prepared`` (2-phase messages) and the
+bucketed compacted layout; version-1 segments read unchanged.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Kind(StrEnum):
@@ -41,6 +45,8 @@ class Kind(StrEnum):
     RUN_START = "run_start"
     RUN_END = "run_end"
     SUBMIT = "submit"  # driver sent an operation (op, msg=None until the broker names it)
+    PREPARE = "prepare"  # driver prepared a 2-phase message; a submit or abort_prepared must follow
+    ABORT_PREPARED = "abort_prepared"  # the check-back decided a prepared message is never submitted
     WORKER_START = "worker_start"
     WORKER_EXIT = "worker_exit"  # detail: returncode, signal
     DELIVER = "deliver"  # a worker received a message; detail.redelivered from the broker

@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
-import json
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.verify.model import ANOMALY_CLASSES, COUNTS, AllOf, AnyOf, Cmp, FlowContract, Pred, rules
-from harness.verify.verdict import Verdict, Witness
+from harness.verify.assemble import (
+    MAX_OVERLAY_WINDOWS,
+    MAX_WITNESS_EVENTS,
+    MAX_WITNESSES,
+    Aggregates,
+    FaultWindow,
+    build_witnesses,
+    make_verdict,
+    pair_fault_windows,
+)
+from harness.verify.model import (
+    ANOMALY_CLASSES,
+    ATTEMPT_COUNTS,
+    COUNTS,
+    DELIVERY_HIST_CAP,
+    FIRST_TS,
+    LATENCY_SCALES,
+    LATENCY_TOP_SCALE,
+    SPAN_EXCLUDED,
+    AllOf,
+    Cmp,
+    FlowContract,
+    Pred,
+    rules,
+)
+from harness.verify.verdict import Verdict
 
-MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for huge redelivery loops
-MAX_WITNESSES = 1000  # counts stay exact; only the number of printed examples is bounded
+__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_run", "check_table", "summarize", "to_arrow"]
+
+I64 = npt.NDArray[np.int64]
 
 
 def to_arrow(pred: Pred) -> pc.Expression:
@@ -42,95 +67,120 @@ def to_arrow(pred: Pred) -> pc.Expression:
 
 
 def summarize(events: pa.Table) -> pa.Table:
-    """Group events by ``op`` and count each kind of ``COUNTS``: the operation summary."""
+    """Group events by ``op``: each COUNTS kind counted, FIRST_TS minima, the span; one row per op."""
     with_op = events.filter(pc.is_valid(events["op"]))
-    kind = with_op["kind"]
-    cols: dict[str, pa.Array | pa.ChunkedArray] = {"op": with_op["op"]}
+    kind, ts = with_op["kind"], with_op["ts_ns"]
+    cols: dict[str, Any] = {"op": with_op["op"]}
     for name, k in COUNTS.items():
         cols[name] = pc.cast(pc.equal(kind, str(k)), pa.int64())
-    is_submit = pc.equal(kind, str(Kind.SUBMIT))
-    is_down = pc.equal(kind, str(Kind.DOWNSTREAM))
-    cols["submit_ns"] = pc.if_else(is_submit, with_op["ts_ns"], None)
-    cols["downstream_ns"] = pc.if_else(is_down, with_op["ts_ns"], None)
-    grouped = pa.table(cols).group_by("op").aggregate(
-        [(name, "sum") for name in COUNTS] + [("submit_ns", "min"), ("downstream_ns", "min")]
-    )
-    rename = {f"{name}_sum": name for name in COUNTS} | {"submit_ns_min": "submit_ns", "downstream_ns_min": "downstream_ns"}
+    for name, (k, above) in ATTEMPT_COUNTS.items():
+        late = pc.fill_null(pc.and_(pc.equal(kind, str(k)), pc.greater(with_op["attempt"], above)), False)
+        cols[name] = pc.cast(late, pa.int64())
+    for name, k in FIRST_TS.items():
+        cols[name] = pc.if_else(pc.equal(kind, str(k)), ts, None)
+    in_span = pc.invert(pc.is_in(kind, value_set=pa.array(sorted(str(k) for k in SPAN_EXCLUDED))))
+    cols["span_ns"] = pc.if_else(in_span, ts, None)
+    aggs = [(n, "sum") for n in [*COUNTS, *ATTEMPT_COUNTS]] + [(n, "min") for n in FIRST_TS]
+    grouped = pa.table(cols).group_by("op").aggregate([*aggs, ("span_ns", "min"), ("span_ns", "max")])
+    rename = {f"{n}_{f}": n for n, f in aggs} | {"span_ns_min": "first_ns", "span_ns_max": "last_ns"}
     return grouped.rename_columns([rename.get(c, c) for c in grouped.column_names])
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    values = sorted(values)
-    def pick(q: float) -> float:
-        return round(values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))], 3)
-    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": round(values[-1], 3)}
+def _np(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> I64:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def statistics(summary: pa.Table, events: pa.Table) -> dict[str, Any]:
-    """Return redelivery, crash and latency statistics (not anomalies)."""
-    def total(col: str) -> int:
-        return int(pc.sum(summary[col]).as_py() or 0)
-
-    deliveries = summary["deliveries"]
-    redeliveries = int(pc.sum(pc.max_element_wise(pc.subtract(deliveries, 1), 0)).as_py() or 0)
-    dup_down = int(pc.sum(pc.max_element_wise(pc.subtract(summary["downstream"], 1), 0)).as_py() or 0)
-    lat = pc.divide(pc.cast(pc.subtract(summary["downstream_ns"], summary["submit_ns"]), pa.float64()), 1e6)
-    lat_values = [v for v in lat.to_pylist() if v is not None]
-    kinds = events["kind"]
-    return {
-        "events": events.num_rows,
-        "operations": summary.num_rows,
-        "submitted": total("submitted"),
-        "deliveries": total("deliveries"),
-        "redeliveries": redeliveries,
-        "duplicate_downstream_deliveries": dup_down,
-        "crashes": int(pc.sum(pc.cast(pc.equal(kinds, str(Kind.CRASH)), pa.int64())).as_py() or 0),
-        "worker_restarts": int(pc.sum(pc.cast(pc.equal(kinds, str(Kind.WORKER_START)), pa.int64())).as_py() or 0),
-        "latency_ms": _percentiles(lat_values),
-    }
+def _latency_buckets(lat_us: I64) -> I64:
+    scale = np.full(lat_us.shape, LATENCY_TOP_SCALE, dtype=np.int64)
+    for below, s in reversed(LATENCY_SCALES):  # smallest threshold wins, so apply it last
+        scale[lat_us < below] = s
+    return lat_us - lat_us % scale
 
 
-def _witness_events(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
-    chains: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    if not ops:
-        return chains
-    mask = pc.is_in(events["op"], value_set=pa.array(sorted(ops), pa.string()))
-    for row in events.filter(mask).sort_by([("ts_ns", "ascending"), ("seq", "ascending")]).to_pylist():
-        chain = chains[row["op"]]
-        if len(chain) < MAX_WITNESS_EVENTS:
-            row["detail"] = json.loads(row["detail"] or "{}")
-            chain.append({k: v for k, v in row.items() if v not in (None, {})})
+def _hist(values: I64) -> dict[int, int]:
+    keys, counts = np.unique(values, return_counts=True)
+    return {int(k): int(c) for k, c in zip(keys, counts, strict=True)}
+
+
+def _overlap(first: I64, last: I64, valid: npt.NDArray[np.bool_], w: FaultWindow) -> npt.NDArray[np.bool_]:
+    return valid & (first <= w.end) & (last >= w.start_ns)
+
+
+def _writers(events: pa.Table) -> dict[tuple[str, int, str, bool], tuple[int, int, int]]:
+    t = pa.table({"src": events["src"], "pid": events["pid"], "kind": events["kind"],
+                  "has_op": pc.is_valid(events["op"]), "seq": events["seq"]})
+    g = t.group_by(["src", "pid", "kind", "has_op"]).aggregate([("seq", "count"), ("seq", "min"), ("seq", "max")])
+    return {(r["src"], r["pid"], r["kind"], r["has_op"]): (r["seq_count"], r["seq_min"], r["seq_max"])
+            for r in g.to_pylist()}
+
+
+def aggregate(events: pa.Table, summary: pa.Table, hits: dict[str, pa.Table],
+              windows: list[FaultWindow]) -> Aggregates:
+    """Return the engine-independent aggregates of a ledger and its operation summary."""
+    d, redelivered = _np(summary["deliveries"]), _np(summary["redeliveries"])
+    sub, down = summary["submit_ns"], summary["downstream_ns"]
+    both = np.asarray(pc.and_(pc.is_valid(sub), pc.is_valid(down)).to_numpy(zero_copy_only=False))
+    diff = (_np(down) - _np(sub))[both]
+    lat_us = diff[diff >= 0] // 1000
+    first, last = _np(summary["first_ns"]), _np(summary["last_ns"])
+    valid = np.asarray(pc.is_valid(summary["first_ns"]).to_numpy(zero_copy_only=False))
+    overlays: dict[int, dict[str, int]] = {}
+    for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS]):
+        mask = _overlap(first, last, valid, w)
+        counts = {"ops": int(mask.sum()), "redelivered_ops": int((mask & (redelivered > 0)).sum())}
+        for cls, h in hits.items():
+            hv = np.asarray(pc.is_valid(h["first_ns"]).to_numpy(zero_copy_only=False))
+            counts[cls] = int(_overlap(_np(h["first_ns"]), _np(h["last_ns"]), hv, w).sum())
+        overlays[i] = counts
+    return Aggregates(
+        writers=_writers(events),
+        operations=summary.num_rows,
+        totals={n: int(_np(summary[n]).sum()) for n in COUNTS},
+        anomalies={cls: h.num_rows for cls, h in hits.items()},
+        redeliveries=int(redelivered.sum()),
+        redelivered_ops=int((redelivered > 0).sum()),
+        max_deliveries=int(d.max()) if d.size else 0,
+        duplicate_downstream=int(np.maximum(_np(summary["downstream"]) - 1, 0).sum()),
+        deliveries_hist=_hist(np.minimum(d, DELIVERY_HIST_CAP)),
+        latency_hist=_hist(_latency_buckets(lat_us)),
+        latency_max_us=int(lat_us.max()) if lat_us.size else None,
+        clock_skew_ops=int((diff < 0).sum()),
+        overlays=overlays,
+    )
+
+
+def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
+    chains: dict[str, list[dict[str, Any]]] = {}
+    if ops:
+        mask = pc.is_in(events["op"], value_set=pa.array(sorted(ops), pa.string()))
+        for row in events.filter(mask).to_pylist():
+            chains.setdefault(row["op"], []).append(row)
     return chains
+
+
+def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
+    kinds = pa.array([str(Kind.FAULT_START), str(Kind.FAULT_END)])
+    rows: list[dict[str, Any]] = events.filter(pc.is_in(events["kind"], value_set=kinds)).select(
+        ["ts_ns", "src", "seq", "kind", "point"]).to_pylist()
+    return rows
 
 
 def check_table(events: pa.Table, contract: FlowContract, *, scenario: str = "", seed: int | None = None) -> Verdict:
     """Return the verdict for a ledger table."""
     started = time.perf_counter()
+    windows, unmatched = pair_fault_windows(_fault_rows(events))
     summary = summarize(events)
-    anomalies: dict[str, int] = dict.fromkeys(ANOMALY_CLASSES, 0)
-    flagged: list[tuple[str, dict[str, Any]]] = []
-    for name, pred in rules(contract).items():
-        hits = summary.filter(to_arrow(pred))
-        anomalies[name] = hits.num_rows
-        flagged.extend((name, row) for row in hits.slice(0, MAX_WITNESSES).to_pylist())
-    flagged = flagged[:MAX_WITNESSES]
-    chains = _witness_events(events, {row["op"] for _, row in flagged})
-    witnesses = []
-    for name, row in flagged:
-        chain = chains.get(row["op"], [])
-        msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))
-        counts = {k: int(row[k]) for k in COUNTS}
-        witnesses.append(Witness(name, row["op"], msg_ids, counts, tuple(chain)))
-    stats = statistics(summary, events)
-    return Verdict(
-        anomalies=anomalies,
-        witnesses=tuple(sorted(witnesses, key=lambda w: (ANOMALY_CLASSES.index(w.anomaly), w.op))),
-        stats=stats,
-        engine="in-process",
-        scenario=scenario,
-        seed=seed,
+    hits = {cls: summary.filter(to_arrow(pred)) for cls, pred in rules(contract).items()}
+    flagged: list[dict[str, Any]] = []
+    for cls in ANOMALY_CLASSES:
+        if cls in hits and len(flagged) < MAX_WITNESSES:
+            top = hits[cls].sort_by("op").slice(0, MAX_WITNESSES - len(flagged))
+            flagged += [row | {"anomaly": cls} for row in top.to_pylist()]
+    chains = _chains(events, {row["op"] for row in flagged})
+    agg = aggregate(events, summary, hits, windows)
+    return make_verdict(
+        agg, build_witnesses(flagged, chains, windows), windows, unmatched,
+        engine="in-process", scenario=scenario, seed=seed,
         timing={"job_s": round(time.perf_counter() - started, 4)},
     )
 

@@ -4,6 +4,11 @@ An engine groups the ledger by ``op`` and counts each kind listed in ``COUNTS``;
 the *operation summary*, one row per operation id. Every anomaly class is a predicate over that
 summary (``rules``), written in the small expression language below so the in-process engine
 (pyarrow) and the Spark engine evaluate the very same rule, not two hand-kept copies.
+
+Besides the counts, the summary holds the first timestamp of the kinds in ``FIRST_TS`` and the
+operation's span (first and last event outside ``RESIDUE_KINDS``, which are written at the end of
+a run and would stretch every span to it). The span is what fault windows are overlaid on.
+Statistics use the integer bucketing below so both engines produce identical numbers.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.ledger.schema import Kind
+from harness.ledger.schema import RESIDUE_KINDS, Kind
 
 # Summary column -> the event kind it counts, per operation id.
 COUNTS: dict[str, Kind] = {
@@ -24,7 +29,32 @@ COUNTS: dict[str, Kind] = {
     "crashes": Kind.CRASH,
     "external_calls": Kind.EXTERNAL_CALL,
     "skips": Kind.SKIP,
+    "prepared": Kind.PREPARE,
+    "aborted": Kind.ABORT_PREPARED,
 }
+
+# Summary column -> (kind, n): events of that kind whose ``attempt`` is above n. A redelivery is
+# a delivery attempt after the first of the same stage; ``deliveries`` counts every stage's.
+ATTEMPT_COUNTS: dict[str, tuple[Kind, int]] = {"redeliveries": (Kind.DELIVER, 1)}
+
+# Summary column -> the kind whose earliest timestamp it holds (null when the op has none).
+FIRST_TS: dict[str, Kind] = {"submit_ns": Kind.SUBMIT, "downstream_ns": Kind.DOWNSTREAM}
+
+# Kinds that do not extend an operation's span (first_ns, last_ns).
+SPAN_EXCLUDED: frozenset[Kind] = RESIDUE_KINDS
+
+# Latency buckets keep three significant digits: (below this many us, round down to a multiple of).
+LATENCY_SCALES: tuple[tuple[int, int], ...] = (
+    (1_000, 1),
+    (10_000, 10),
+    (100_000, 100),
+    (1_000_000, 1_000),
+    (10_000_000, 10_000),
+    (100_000_000, 100_000),
+    (1_000_000_000, 1_000_000),
+)
+LATENCY_TOP_SCALE = 10_000_000  # above 1000 s
+DELIVERY_HIST_CAP = 10  # deliveries per op histogram: "0".."9" and "10+"
 
 # Anomaly classes of DESIGN.md, in the order a verdict lists them.
 ANOMALY_CLASSES: tuple[str, ...] = (
@@ -40,6 +70,9 @@ ANOMALY_CLASSES: tuple[str, ...] = (
     "resurrected",
     "out-of-order",
 )
+
+# Classes that need a per-key view (entity key, version) the ledger does not carry yet; no rule.
+UNRULED_CLASSES: frozenset[str] = frozenset({"resurrected", "out-of-order"})
 
 CmpOp = Literal["==", "!=", ">", ">=", "<", "<="]
 
@@ -80,10 +113,13 @@ class FlowContract:
 
     ``expects_downstream``: the flow emits one outgoing message per operation, so an applied
     effect without one means the flow stopped.
+    ``max_deliveries``: more deliveries than this, never dead-lettered and never applied, is a
+    poison message the flow redelivers forever; None switches the rule off.
     """
 
     expects_downstream: bool = True
     max_external_calls: int = 1
+    max_deliveries: int | None = 10
 
 
 def rules(contract: FlowContract) -> dict[str, Pred]:
@@ -92,7 +128,7 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     missing_output: Pred = Cmp("effects", "==", 0)
     if contract.expects_downstream:
         missing_output = any_of(missing_output, Cmp("downstream", "==", 0))
-    return {
+    out: dict[str, Pred] = {
         "lost": all_of(Cmp("submitted", ">", 0), not_parked, missing_output),
         "duplicate-effect": all_of(Cmp("submitted", ">", 0), Cmp("effects", ">", 1)),
         "duplicate-external-call": Cmp("external_calls", ">", contract.max_external_calls),
@@ -101,6 +137,20 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
         "dead-lettered": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", "==", 0)),
         "dead-lettered-with-effect": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", ">", 0)),
     }
+    if contract.max_deliveries is not None:
+        out["never-dead-lettered-poison"] = all_of(
+            Cmp("deliveries", ">", contract.max_deliveries), Cmp("dead_letters", "==", 0), Cmp("effects", "==", 0)
+        )
+    out["in-doubt"] = all_of(Cmp("prepared", ">", 0), Cmp("submitted", "==", 0), Cmp("aborted", "==", 0))
+    return out
+
+
+def latency_bucket_us(latency_us: int) -> int:
+    """Round a non-negative latency in us down to three significant digits (the shared histogram)."""
+    for below, scale in LATENCY_SCALES:
+        if latency_us < below:
+            return latency_us - latency_us % scale
+    return latency_us - latency_us % LATENCY_TOP_SCALE
 
 
 def describe(pred: Pred) -> str:

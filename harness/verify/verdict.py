@@ -12,13 +12,19 @@ from harness.verify.model import ANOMALY_CLASSES
 
 @dataclass(frozen=True)
 class Witness:
-    """One anomaly of one operation, with the message ids and event chain that prove it."""
+    """One anomaly of one operation, with the message ids, event chain and fault overlay that prove it.
+
+    ``events`` is the operation's chain in (ts_ns, src, seq) order, each event carrying ``faults``:
+    the fault windows active at its timestamp. ``faults`` lists every fault window overlapping the
+    operation's span.
+    """
 
     anomaly: str
     op: str
     msg_ids: tuple[str, ...]
     summary: dict[str, int]
     events: tuple[dict[str, Any], ...] = ()
+    faults: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class Verdict:
                 msg_ids=tuple(w["msg_ids"]),
                 summary=dict(w["summary"]),
                 events=tuple(w.get("events", ())),
+                faults=tuple(w.get("faults", ())),
             )
             for w in raw.get("witnesses", ())
         )

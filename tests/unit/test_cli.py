@@ -59,3 +59,11 @@ def test_missing_endpoints_file(
     monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(tmp_path / "nope.json"))
     assert main(["run", "onepc_crash_gap:naive"]) == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_test_command_passes_dash_options_to_pytest() -> None:
+    from harness.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["test", "-p", "no:cacheprovider", "-k", "x"])
+    assert args.command == "test"
+    assert extra == ["-p", "no:cacheprovider", "-k", "x"]
