@@ -1,0 +1,108 @@
+"""The compacted ledger layout: ``events.parquet/`` as hash buckets of operation ids.
+
+Every event of one operation lands in the same bucket file, sorted by ``op`` inside it, so an
+engine can summarize operations bucket by bucket without moving rows between workers. The files
+follow Spark's bucketed-table convention (``..._{bucket:05d}.parquet``, bucket =
+``pmod(murmur3(op_bucket), n_buckets)``), so Spark reads them as a table bucketed by
+``op_bucket`` and plans the per-operation group-by without a shuffle. Any reader that ignores the
+convention (pyarrow, ``read_ledger``) simply sees one dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.ledger.schema import ARROW_SCHEMA, SCHEMA_VERSION
+
+OP_BUCKETS = 1024  # range of the op_bucket column; file buckets are a coarser hash of it
+LAYOUT_NAME = "_layout.json"
+PARQUET_SCHEMA = ARROW_SCHEMA.append(pa.field("op_bucket", pa.int32(), nullable=False))
+
+
+def n_buckets_for(events: int) -> int:
+    """Return the file-bucket count for a ledger of ``events`` rows: ~3M rows a bucket, 4..256."""
+    n = 4
+    while n < 256 and n * 3_000_000 < events:
+        n *= 2
+    return n
+
+
+def _fmix(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Return Spark's ``hash(int)`` (Murmur3_x86_32, seed 42) as a signed 32-bit integer."""
+    k = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
+    k = (k * 0x1B873593) & 0xFFFFFFFF
+    h = seed ^ k
+    h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
+    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h = _fmix(h ^ 4)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def file_bucket_table(n_buckets: int) -> npt.NDArray[np.int32]:
+    """Return op_bucket -> file bucket, exactly as Spark's bucketed scan assumes."""
+    return np.array([spark_hash_int(b) % n_buckets for b in range(OP_BUCKETS)], dtype=np.int32)
+
+
+def op_bucket_of(op: str | None) -> int:
+    """Return the op_bucket of one operation id (null ops go to bucket 0)."""
+    return 0 if op is None else zlib.crc32(op.encode()) % OP_BUCKETS
+
+
+def bucket_path(root: Path, bucket: int) -> Path:
+    return root / f"part-{bucket:05d}_{bucket:05d}.c000.parquet"
+
+
+class BucketWriter:
+    """Write rows into ``n_buckets`` bucket files under ``root``, one row group per ``write`` call."""
+
+    def __init__(self, root: Path, n_buckets: int) -> None:
+        self.root = root
+        self.n_buckets = n_buckets
+        self._map = file_bucket_table(n_buckets)
+        root.mkdir(parents=True, exist_ok=True)
+        self._writers = [
+            pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd")
+            for b in range(n_buckets)
+        ]
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (already sorted by op) split into its buckets; keeps each op whole."""
+        files = self._map[table["op_bucket"].to_numpy()]
+        order = np.argsort(files, kind="stable")
+        bounds = np.searchsorted(files[order], np.arange(self.n_buckets + 1))
+        for b in range(self.n_buckets):
+            lo, hi = int(bounds[b]), int(bounds[b + 1])
+            if hi > lo:
+                self._writers[b].write_table(table.take(order[lo:hi]).cast(PARQUET_SCHEMA))
+
+    def close(self, events: int) -> None:
+        for w in self._writers:
+            w.close()
+        meta = {"version": SCHEMA_VERSION, "n_buckets": self.n_buckets, "bucket_column": "op_bucket",
+                "op_buckets": OP_BUCKETS, "events": events}
+        (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
+
+
+def read_layout(root: Path) -> dict[str, int] | None:
+    """Return the layout metadata of a bucketed ``events.parquet`` directory, or None."""
+    meta = root / LAYOUT_NAME
+    if not meta.is_file():
+        return None
+    raw: dict[str, int] = json.loads(meta.read_text())
+    return raw

@@ -1,0 +1,220 @@
+"""Engine-independent assembly: fault windows, percentiles, witnesses, stats, engine comparison.
+
+Each engine computes the operation summary and a few small aggregates (``Aggregates``) its own
+way; everything after that is this module's plain Python, so two engines that agree on the
+aggregates produce byte-identical verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.ledger.schema import Kind
+from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP
+from harness.verify.verdict import Verdict, Witness
+
+MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for huge redelivery loops
+MAX_WITNESSES = 1000  # counts stay exact; only the number of printed examples is bounded
+MAX_OVERLAY_WINDOWS = 64  # fault windows that get per-window operation counts
+FOREVER_NS = 2**63 - 1  # end of a fault window still open when the run ended
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """One fault, active from ``start_ns`` to ``end_ns`` inclusive (None: until the run ended)."""
+
+    fault: str
+    start_ns: int
+    end_ns: int | None
+
+    @property
+    def end(self) -> int:
+        return FOREVER_NS if self.end_ns is None else self.end_ns
+
+    def overlaps(self, first_ns: int | None, last_ns: int | None) -> bool:
+        return first_ns is not None and last_ns is not None and first_ns <= self.end and last_ns >= self.start_ns
+
+    def to_dict(self) -> dict[str, Any]:
+        dur = None if self.end_ns is None else round((self.end_ns - self.start_ns) / 1e6, 3)
+        return {"fault": self.fault, "start_ns": self.start_ns, "end_ns": self.end_ns, "duration_ms": dur}
+
+
+def pair_fault_windows(rows: list[dict[str, Any]]) -> tuple[list[FaultWindow], int]:
+    """Pair fault_start/fault_end events by fault name (``point``), first in first out.
+
+    Returns the windows in (start, fault) order and the number of ends that had no start.
+    """
+    rows = sorted(rows, key=lambda r: (r["ts_ns"], r["src"], r["seq"]))
+    open_: dict[str, list[int]] = {}
+    windows: list[FaultWindow] = []
+    unmatched = 0
+    for r in rows:
+        name = str(r.get("point") or "?")
+        if r["kind"] == Kind.FAULT_START:
+            open_.setdefault(name, []).append(int(r["ts_ns"]))
+        elif open_.get(name):
+            windows.append(FaultWindow(name, open_[name].pop(0), int(r["ts_ns"])))
+        else:
+            unmatched += 1
+    windows += [FaultWindow(n, s, None) for n, starts in open_.items() for s in starts]
+    return sorted(windows, key=lambda w: (w.start_ns, w.fault, w.end)), unmatched
+
+
+def percentiles(hist: dict[int, int], max_us: int | None) -> dict[str, float]:
+    """Return nearest-rank p50/p95/p99 (ms) of a latency histogram {bucket_us: ops}, and the exact max."""
+    n = sum(hist.values())
+    if not n or max_us is None:
+        return {"count": 0}
+    buckets = sorted(hist.items())
+    out: dict[str, float] = {"count": n}
+    for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99)):
+        rank, seen = int(q * (n - 1) + 0.5), 0
+        for value, count in buckets:
+            seen += count
+            if seen > rank:
+                out[name] = round(value / 1000, 3)
+                break
+    out["max"] = round(max_us / 1000, 3)
+    return out
+
+
+@dataclass
+class Aggregates:
+    """What an engine computes over the whole ledger; small, whatever the ledger's size."""
+
+    # (src, pid, kind, has_op) -> [events, min seq, max seq]
+    writers: dict[tuple[str, int, str, bool], tuple[int, int, int]]
+    operations: int
+    totals: dict[str, int]  # sum of every COUNTS column over operations
+    anomalies: dict[str, int]
+    redeliveries: int
+    redelivered_ops: int
+    max_deliveries: int
+    duplicate_downstream: int
+    deliveries_hist: dict[int, int]  # min(deliveries, DELIVERY_HIST_CAP) -> operations
+    latency_hist: dict[int, int]  # latency bucket (us) -> operations
+    latency_max_us: int | None
+    clock_skew_ops: int  # downstream seen before submit: writers' clocks disagree
+    overlays: dict[int, dict[str, int]] = field(default_factory=dict)  # window index -> counts
+
+
+def _writer_stats(writers: dict[tuple[str, int, str, bool], tuple[int, int, int]]) -> dict[str, Any]:
+    per_writer: dict[tuple[str, int], list[int]] = {}
+    kinds: dict[str, int] = {}
+    without_op = 0
+    for (src, pid, kind, has_op), (n, lo, hi) in writers.items():
+        kinds[kind] = kinds.get(kind, 0) + n
+        without_op += 0 if has_op else n
+        acc = per_writer.setdefault((src, pid), [0, lo, hi])
+        acc[0] += n
+        acc[1], acc[2] = min(acc[1], lo), max(acc[2], hi)
+    # seq runs 0..n-1 per writer process; anything short of that is a lost event
+    missing = sum(max(0, hi + 1 - n) for n, _lo, hi in per_writer.values())
+    return {
+        "events": sum(kinds.values()),
+        "events_without_op": without_op,
+        "writers": len(per_writer),
+        "seq_missing": missing,
+        "kinds": dict(sorted(kinds.items())),
+    }
+
+
+def build_stats(agg: Aggregates, windows: list[FaultWindow], unmatched_ends: int) -> dict[str, Any]:
+    """Return the verdict's statistics from an engine's aggregates (identical for every engine)."""
+    stats = _writer_stats(agg.writers)
+    hist = {str(k) if k < DELIVERY_HIST_CAP else f"{DELIVERY_HIST_CAP}+": v for k, v in sorted(agg.deliveries_hist.items())}
+    overlay = []
+    for i, w in enumerate(windows):
+        entry = w.to_dict()
+        if i < MAX_OVERLAY_WINDOWS:
+            counts = agg.overlays.get(i, {})
+            entry["ops"] = counts.get("ops", 0)
+            entry["redelivered_ops"] = counts.get("redelivered_ops", 0)
+            entry["anomalies"] = {c: counts[c] for c in ANOMALY_CLASSES if counts.get(c)}
+        overlay.append(entry)
+    stats.update(
+        operations=agg.operations,
+        submitted=agg.totals.get("submitted", 0),
+        deliveries=agg.totals.get("deliveries", 0),
+        redeliveries=agg.redeliveries,
+        redelivered_ops=agg.redelivered_ops,
+        max_deliveries_per_op=agg.max_deliveries,
+        deliveries_per_op=hist,
+        duplicate_downstream_deliveries=agg.duplicate_downstream,
+        crashes=stats["kinds"].get(str(Kind.CRASH), 0),
+        worker_restarts=stats["kinds"].get(str(Kind.WORKER_START), 0),
+        latency_ms=percentiles(agg.latency_hist, agg.latency_max_us),
+        clock_skew_ops=agg.clock_skew_ops,
+        fault_windows=overlay,
+        unmatched_fault_ends=unmatched_ends,
+    )
+    return stats
+
+
+def _chain_event(row: dict[str, Any], windows: list[FaultWindow]) -> dict[str, Any]:
+    row = dict(row)
+    row.pop("op_bucket", None)
+    row["detail"] = json.loads(row.get("detail") or "{}")
+    out = {k: v for k, v in row.items() if v not in (None, {})}
+    active = [w.fault for w in windows if w.start_ns <= row["ts_ns"] <= w.end]
+    if active:
+        out["faults"] = active
+    return out
+
+
+def build_witnesses(
+    flagged: list[dict[str, Any]], chains: dict[str, list[dict[str, Any]]], windows: list[FaultWindow]
+) -> tuple[Witness, ...]:
+    """Return witnesses for flagged summary rows (``anomaly``, ``op``, COUNTS, ``first_ns``, ``last_ns``)."""
+    out = []
+    for row in flagged:
+        raw = sorted(chains.get(row["op"], []), key=lambda r: (r["ts_ns"], r["src"], r["seq"]))
+        chain = tuple(_chain_event(r, windows) for r in raw[:MAX_WITNESS_EVENTS])
+        msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))
+        counts = {k: int(row[k]) for k in COUNTS}
+        faults = tuple(w.to_dict() for w in windows if w.overlaps(row.get("first_ns"), row.get("last_ns")))
+        out.append(Witness(row["anomaly"], row["op"], msg_ids, counts, chain, faults))
+    return tuple(sorted(out, key=lambda w: (ANOMALY_CLASSES.index(w.anomaly), w.op)))
+
+
+def make_verdict(
+    agg: Aggregates,
+    witnesses: tuple[Witness, ...],
+    windows: list[FaultWindow],
+    unmatched_ends: int,
+    *,
+    engine: str,
+    scenario: str,
+    seed: int | None,
+    timing: dict[str, float],
+) -> Verdict:
+    """Return the verdict an engine reports."""
+    anomalies = {c: int(agg.anomalies.get(c, 0)) for c in ANOMALY_CLASSES}
+    stats = build_stats(agg, windows, unmatched_ends)
+    return Verdict(anomalies, witnesses, stats, engine, scenario, seed, timing=timing)
+
+
+def compare_verdicts(a: Verdict, b: Verdict) -> list[str]:
+    """Return the differences between two engines' verdicts (empty: they agree).
+
+    Compared: counts per class, the (anomaly, op) witness sets and each witness's chain and fault
+    overlay, and every statistic. Not compared: engine, timing.
+    """
+    diffs: list[str] = []
+    for c in ANOMALY_CLASSES:
+        if a.anomalies.get(c, 0) != b.anomalies.get(c, 0):
+            diffs.append(f"anomalies[{c}]: {a.anomalies.get(c, 0)} != {b.anomalies.get(c, 0)}")
+    wa = {(w.anomaly, w.op): w for w in a.witnesses}
+    wb = {(w.anomaly, w.op): w for w in b.witnesses}
+    if set(wa) != set(wb):
+        diffs.append(f"witnesses only in {a.engine}: {sorted(set(wa) - set(wb))[:5]}; "
+                     f"only in {b.engine}: {sorted(set(wb) - set(wa))[:5]}")
+    for key in sorted(set(wa) & set(wb)):
+        if wa[key] != wb[key]:
+            diffs.append(f"witness {key} differs")
+    for k in sorted(set(a.stats) | set(b.stats)):
+        if a.stats.get(k) != b.stats.get(k):
+            diffs.append(f"stats[{k}]: {a.stats.get(k)!r} != {b.stats.get(k)!r}")
+    return diffs
