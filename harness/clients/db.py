@@ -45,6 +45,13 @@ def column_values(eng: Engine, table: str, column: str) -> list[str]:
         return [str(r[0]) for r in conn.execute(sa.text(f'SELECT "{column}" FROM "{table}" ORDER BY 1'))]
 
 
+def duplicated_values(eng: Engine, table: str, column: str) -> list[str]:
+    """Return the values of ``table.column`` that occur more than once (duplicate effects)."""
+    sql = f'SELECT "{column}" FROM "{table}" GROUP BY 1 HAVING count(*) > 1 ORDER BY 1'
+    with eng.connect() as conn:
+        return [str(r[0]) for r in conn.execute(sa.text(sql))]
+
+
 def ping(url: str) -> bool:
     """Return True when Postgres at ``url`` answers ``SELECT 1``."""
     eng = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 2})
@@ -84,6 +91,7 @@ __all__ = [
     "Engine",
     "apply_schema",
     "column_values",
+    "duplicated_values",
     "engine",
     "ensure_database",
     "is_connection_error",

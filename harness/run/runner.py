@@ -1,17 +1,19 @@
 """Run one scenario against a live stack: the fixed lifecycle of every run.
 
-prepare (schema, reset, queues) -> start sink and workers -> arm crashes -> submit ->
-wait for quiescence -> stop workers -> drain residue -> snapshot effects -> verdict.
-Healing (stop workers and sink, copy logs, write the manifest) runs in ``finally``, so an
-error never loses what the ledger already holds.
+``RunSession`` is the lifecycle split into steps, for drivers that act while the flow runs
+(Hypothesis state machines): ``open`` (schema, reset, sink, workers) -> ``arm`` / ``submit``
+as often as wanted -> ``close`` (quiescence, stop workers, drain residue, snapshot effects,
+verdict). ``run_scenario`` is the one-shot form. Healing (stop workers and sink, copy logs,
+write the manifest) runs in ``finally``: an error never loses what the ledger holds.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.clients import db
@@ -23,7 +25,7 @@ from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.folder import RunFolder
 from harness.run.sink import Sink, op_of
-from harness.run.spec import ScenarioSpec
+from harness.run.spec import Crash, ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
 from harness.verify.checker import check_run
@@ -51,8 +53,14 @@ def _quiet(_: str) -> None:
     return None
 
 
-class ScenarioRun:
-    """Drive one scenario run; ``execute`` returns the result."""
+class RunSession:
+    """One run, driven step by step.
+
+    >>> with RunSession(spec, endpoints) as run:
+    ...     ops = run.submit(5)
+    ...     run.arm(Crash("after_db_commit", op_index=2))
+    ...     result = run.close()
+    """
 
     def __init__(
         self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
@@ -64,52 +72,131 @@ class ScenarioRun:
         self.ledger = LedgerWriter(self.folder.path / "ledger", "driver")
         ns = f"txchaos.{self.folder.run_id}"
         self.input_queue, self.output_queue = f"{ns}.in", f"{ns}.out"
-        self.ops = [f"{spec.variant}-s{spec.seed}-op{i:05d}" for i in range(spec.messages)]
+        self.ops: list[str] = []
+        self.arms: list[CrashArm] = []
+        self._numbers = itertools.count()
+        self._engine: db.Engine | None = None
+        self._pool: WorkerPool | None = None
+        self._sink: Sink | None = None
+        self._producer: StompClient | None = None
+        self._started = 0.0
+        self._result: RunResult | None = None
 
-    def execute(self) -> RunResult:
+    # -- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> RunSession:
+        """Reset the stack's state for this run and start the sink and the workers."""
         spec, ep, folder = self.spec, self.endpoints, self.folder
+        self._started = time.monotonic()
         folder.start(spec, ep)
         self.ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
-        engine = db.engine(ep.postgres_url)
-        pool: WorkerPool | None = None
-        sink: Sink | None = None
-        started = time.monotonic()
+        write_arms(folder.path, [])
         try:
-            self._prepare(engine)
-            sink = Sink(ep.stomp, self.ledger, input_queue=self.input_queue, output_queue=self.output_queue)
-            sink.start()
-            pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
-            pool.start()
+            self._engine = db.engine(ep.postgres_url)
+            db.apply_schema(self._engine, spec.schema)
+            db.truncate_all(self._engine)
+            ToxiproxyAdmin(ep.toxiproxy_api).reset()
+            folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+            self._sink = Sink(ep.stomp, self.ledger, input_queue=self.input_queue, output_queue=self.output_queue)
+            self._sink.start()
+            self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
+            self._pool.start()
             folder.step(f"start {spec.workers} worker(s) running {spec.handler} on {self.input_queue}")
-            self._arm()
-            self._submit()
-            self._await_quiescence(sink, pool)
-            pool.stop()
-            pool = None
+            self._producer = StompClient(ep.stomp.host, ep.stomp.port, client_id=f"txchaos-driver-{folder.run_id}")
+        except BaseException:
+            self._heal()
+            raise
+        return self
+
+    def close(self) -> RunResult:
+        """Wait for quiescence, collect the residue and return the verdict; heals in any case."""
+        if self._result is not None:
+            return self._result
+        if self._pool is None or self._sink is None or self._engine is None:
+            raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
+        try:
+            self._await_quiescence(self._sink, self._pool)
+            self._pool.stop()
+            self._pool = None
             self._drain_residue()
-            sink.stop()
-            sink = None
-            self._snapshot_effects(engine)
+            self._sink.stop()
+            self._sink = None
+            self._snapshot_effects(self._engine)
         finally:
-            if pool is not None:
-                pool.stop()
-            if sink is not None:
-                sink.stop(idle_s=0)
-            engine.dispose()
-            self.ledger.emit(Kind.RUN_END, took_s=round(time.monotonic() - started, 3))
-            folder.finish(ep, took_s=round(time.monotonic() - started, 3))
-        return self._verdict()
+            self._heal()
+        self._result = self._verdict()
+        return self._result
+
+    def _heal(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+        if self._sink is not None:
+            self._sink.stop(idle_s=0)
+            self._sink = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+        took = round(time.monotonic() - self._started, 3)
+        self.ledger.emit(Kind.RUN_END, took_s=took)
+        self.folder.finish(self.endpoints, took_s=took)
+
+    def __enter__(self) -> RunSession:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None or self._sink is not None:
+            self._heal()
+
+    # -- acting while the flow runs ------------------------------------------------------------
+    def submit(self, count: int) -> list[str]:
+        """Submit ``count`` new operations (requester-made ids) and return their ids."""
+        assert self._producer is not None, "open() first"
+        new = [self.op_id(next(self._numbers)) for _ in range(count)]
+        for op in new:
+            n = len(self.ops)
+            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
+            body = json.dumps({"op": op, "n": n, "amount": 1 + n % 7})
+            self._producer.send(self.input_queue, body, headers={"txchaos-op": op})
+            self.ops.append(op)
+        # An empty transaction's ABORT receipt proves the broker has taken every SEND before it.
+        self._producer.abort(self._producer.begin())
+        self.folder.step(f"submit {count} operation(s) to {self.input_queue}")
+        self.progress(f"submitted {len(self.ops)} operations")
+        return new
+
+    def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
+        """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
+        if op is None and crash.op_index is not None:
+            op = self.op_id(crash.op_index)
+        arm = CrashArm(id=f"arm-{len(self.arms)}", point=crash.point, op=op, nth=crash.nth)
+        self.arms.append(arm)
+        write_arms(self.folder.path, self.arms)
+        on = f"op {op}" if op else f"hit #{crash.nth}"
+        self.folder.step(f"arm crash at {crash.point} on {on}")
+        return arm
+
+    def op_id(self, n: int) -> str:
+        """Return the id of the run's operation number ``n`` (deterministic, so a seed replays)."""
+        return f"{self.spec.variant}-s{self.spec.seed}-op{n:05d}"
+
+    def duplicate_effects(self) -> list[str]:
+        """Return the operation ids whose effect is applied more than once right now."""
+        if self._engine is None:
+            raise HarnessError("duplicate_effects() of a run that is not open", hint="call open() first")
+        return db.duplicated_values(self._engine, self.spec.effect_table, self.spec.effect_column)
+
+    @property
+    def restarts(self) -> int:
+        return self._pool.restarts if self._pool else 0
 
     # -- phases --------------------------------------------------------------------------------
-    def _prepare(self, engine: db.Engine) -> None:
-        db.apply_schema(engine, self.spec.schema)
-        db.truncate_all(engine)
-        ToxiproxyAdmin(self.endpoints.toxiproxy_api).reset()
-        self.folder.step(f"reset: schema {self.spec.schema}, tables truncated, toxics removed")
-
     def _worker_specs(self) -> list[WorkerSpec]:
         endpoints_path = self.folder.path / "endpoints.json"
         endpoints_path.write_text(self.endpoints.to_json())
+        output = self.output_queue if self.spec.contract.expects_downstream else None
         return [
             WorkerSpec(
                 name=f"worker-{i}",
@@ -118,32 +205,11 @@ class ScenarioRun:
                 handler=self.spec.handler,
                 stage=self.spec.name,
                 input_queue=self.input_queue,
-                output_queue=self.output_queue if self.spec.contract.expects_downstream else None,
+                output_queue=output,
                 options=dict(self.spec.options),
             )
             for i in range(self.spec.workers)
         ]
-
-    def _arm(self) -> None:
-        arms = []
-        for i, crash in enumerate(self.spec.crashes):
-            op = self.ops[crash.op_index] if crash.op_index is not None else None
-            arms.append(CrashArm(id=f"arm-{i}", point=crash.point, op=op, nth=crash.nth))
-            self.folder.step(crash.describe(self.ops))
-        write_arms(self.folder.path, arms)
-
-    def _submit(self) -> None:
-        ep = self.endpoints.stomp
-        with StompClient(ep.host, ep.port, client_id="txchaos-driver") as client:
-            for i, op in enumerate(self.ops):
-                self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
-                client.send(
-                    self.input_queue, json.dumps({"op": op, "n": i, "amount": 1 + i % 7}), headers={"txchaos-op": op}
-                )
-            # An empty transaction's ABORT receipt proves the broker has taken every SEND before it.
-            client.abort(client.begin())
-        self.folder.step(f"submit {len(self.ops)} operations to {self.input_queue}")
-        self.progress(f"submitted {len(self.ops)} operations")
 
     def _await_quiescence(self, sink: Sink, pool: WorkerPool) -> None:
         """Wait until every operation came out (downstream or DLQ), then settle; bounded."""
@@ -162,7 +228,8 @@ class ScenarioRun:
         else:
             self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
         time.sleep(self.spec.settle_s)  # let late duplicates arrive before the books close
-        self.folder.step(f"quiescence after {len(sink.accounted() & want)}/{len(want)} out; {pool.restarts} restart(s)")
+        out = len(sink.accounted() & want)
+        self.folder.step(f"quiescence after {out}/{len(want)} out; {pool.restarts} restart(s)")
 
     def _drain_residue(self) -> None:
         ep = self.endpoints.stomp
@@ -183,10 +250,9 @@ class ScenarioRun:
             compact(path / "ledger")
             verdict = check_run(path, self.spec.contract, scenario=self.spec.label, seed=self.spec.seed)
         except Exception as exc:
-            raise HarnessError(
-                f"verifying {path} failed: {exc}", hint="the ledger segments are kept in ledger/"
-            ) from exc
-        verdict = Verdict(**{**verdict.__dict__, "steps": tuple(self.folder.manifest.get("steps", ()))})
+            hint = "the ledger segments are kept in ledger/"
+            raise HarnessError(f"verifying {path} failed: {exc}", hint=hint) from exc
+        verdict = replace(verdict, steps=tuple(self.folder.manifest.get("steps", ())))
         verdict.write(path / "verdict.json")
         return RunResult(path, verdict, self.spec)
 
@@ -195,4 +261,8 @@ def run_scenario(
     spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
 ) -> RunResult:
     """Run ``spec`` against ``endpoints`` and return the result (the verdict is in the run folder)."""
-    return ScenarioRun(spec, endpoints, runs_root=runs_root, progress=progress).execute()
+    with RunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
+        for crash in spec.crashes:
+            run.arm(crash)
+        run.submit(spec.messages)
+        return run.close()
