@@ -12,6 +12,21 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Latency": "harness.faults",
+    "Bandwidth": "harness.faults",
+    "SlowClose": "harness.faults",
+    "Timeout": "harness.faults",
+    "ResetPeer": "harness.faults",
+    "Slicer": "harness.faults",
+    "LimitData": "harness.faults",
+    "Partition": "harness.faults",
+    "Pause": "harness.faults",
+    "KillBroker": "harness.faults",
+    "active": "harness.faults",
+    "RunSession": "harness.run.runner",
+    "stage_machine": "harness.machines.stage",
+    "StageMachine": "harness.machines.stage",
+    "profile": "harness.machines.profiles",
     "ConfigError": "harness.errors",
     "HarnessError": "harness.errors",
     "InvariantViolation": "harness.errors",
@@ -36,6 +51,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Bandwidth",
     "ConfigError",
     "Crash",
     "Endpoint",
@@ -43,28 +59,57 @@ __all__ = [
     "FlowContract",
     "HarnessError",
     "InvariantViolation",
+    "KillBroker",
     "Kind",
+    "Latency",
     "LedgerWriter",
+    "LimitData",
     "LocalProvider",
+    "Partition",
+    "Pause",
+    "ResetPeer",
     "RunResult",
+    "RunSession",
     "ScenarioSpec",
+    "Slicer",
+    "SlowClose",
     "StackError",
     "StageContext",
+    "StageMachine",
+    "Timeout",
     "TxChaosError",
     "Verdict",
     "Witness",
+    "active",
     "check_run",
     "make_provider",
+    "profile",
     "read_ledger",
     "run_scenario",
+    "stage_machine",
 ]
 
 if TYPE_CHECKING:
     from harness.errors import ConfigError, HarnessError, InvariantViolation, StackError, TxChaosError
+    from harness.faults import (
+        Bandwidth,
+        KillBroker,
+        Latency,
+        LimitData,
+        Partition,
+        Pause,
+        ResetPeer,
+        Slicer,
+        SlowClose,
+        Timeout,
+        active,
+    )
     from harness.ledger.reader import read_ledger
     from harness.ledger.schema import Kind
     from harness.ledger.writer import LedgerWriter
-    from harness.run.runner import RunResult, run_scenario
+    from harness.machines.profiles import profile
+    from harness.machines.stage import StageMachine, stage_machine
+    from harness.run.runner import RunResult, RunSession, run_scenario
     from harness.run.spec import Crash, ScenarioSpec
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider

@@ -22,6 +22,9 @@ from stomp.exception import StompException
 
 from harness.errors import HarnessError
 
+# Workers (the system under test) beat every second so a hung one is dropped (BROKER_FACTS.md).
+# The harness's own connections pass heartbeats=(0, 0): on a starved 2-core machine a missed
+# beat would kill the harness's eye, not the system under test.
 HEARTBEATS = (1000, 1000)
 RECEIPT_TIMEOUT_S = 10.0
 
@@ -134,9 +137,12 @@ class StompClient:
         # stomp.py 9 / STOMP 1.2: the second positional argument is the transaction.
         self._conn.ack(msg.ack_id, transaction=transaction)
 
-    def nack(self, msg: Message) -> None:
-        """NACK outside any transaction: the broker rejects a transacted NACK."""
-        self._conn.nack(msg.ack_id)
+    def nack(self, msg: Message, *, transaction: str | None = None) -> None:
+        """NACK ``msg``; outside any transaction, as the broker answers a transacted NACK with ERROR.
+
+        ``transaction`` exists only so tests can prove that rejection (tests/integration/test_activemq_facts.py).
+        """
+        self._conn.nack(msg.ack_id, transaction=transaction)
 
     # -- producing and transactions ----------------------------------------------------------
     def send(

@@ -2,10 +2,15 @@
 
 toxiproxy-python keeps the API address in class attributes (one server per process), so every
 call here points it at this stack's server under a lock; two stacks in one process stay apart.
+Its ``add_toxic`` works with Toxiproxy 2.12 for all seven toxic types (checked by
+tests/integration/test_faults.py); its errors are plain ``Exception`` subclasses, so they are
+turned into ``HarnessError`` here, and removing a toxic that is gone is not an error (healing
+must be idempotent).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +20,7 @@ from urllib.parse import urlparse
 import requests
 from toxiproxy import Toxiproxy as _Client
 from toxiproxy.api import APIConsumer
+from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from harness.errors import ConfigError, HarnessError
 
@@ -41,6 +47,11 @@ class ToxiproxyAdmin:
                 yield _Client()
             except requests.RequestException as exc:
                 raise HarnessError(f"Toxiproxy at {self.api_url} did not answer: {exc}") from exc
+            except (InvalidToxic, NotFound, ProxyExists) as exc:
+                raise HarnessError(
+                    f"Toxiproxy at {self.api_url} refused the request: {_text(exc)}",
+                    hint="check the toxic's attributes (whole numbers) and that its name is not in use",
+                ) from exc
 
     def version(self) -> str:
         with self._client():
@@ -83,12 +94,25 @@ class ToxiproxyAdmin:
             p.add_toxic(type=type, name=name, stream=stream, toxicity=toxicity, attributes=attributes or {})
 
     def remove_toxic(self, proxy: str, name: str) -> None:
+        """Remove the toxic ``name`` from ``proxy``; a toxic or proxy already gone is fine."""
         with self._client() as client:
             p = client.get_proxy(proxy)
             if p is not None:
-                p.destroy_toxic(name)
+                # Gone already (a second heal, or a reset in between): healing is idempotent.
+                with contextlib.suppress(NotFound):
+                    p.destroy_toxic(name)
+
+    def toxics(self, proxy: str) -> list[dict[str, Any]]:
+        """Return the toxics on ``proxy`` as Toxiproxy reports them (name, type, stream, toxicity, attributes)."""
+        found: list[dict[str, Any]] = self.proxies().get(proxy, {}).get("toxics", [])
+        return found
 
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
         with self._client() as client:
             client.reset()
+
+
+def _text(exc: Exception) -> str:
+    raw = exc.args[0] if exc.args else exc
+    return raw.decode(errors="replace").strip() if isinstance(raw, bytes) else str(raw)

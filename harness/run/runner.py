@@ -101,7 +101,9 @@ class RunSession:
             self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
             self._pool.start()
             folder.step(f"start {spec.workers} worker(s) running {spec.handler} on {self.input_queue}")
-            self._producer = StompClient(ep.stomp.host, ep.stomp.port, client_id=f"txchaos-driver-{folder.run_id}")
+            self._producer = StompClient(
+                ep.stomp.host, ep.stomp.port, client_id=f"txchaos-driver-{folder.run_id}", heartbeats=(0, 0)
+            )
         except BaseException:
             self._heal()
             raise
@@ -233,7 +235,7 @@ class RunSession:
 
     def _drain_residue(self) -> None:
         ep = self.endpoints.stomp
-        with StompClient(ep.host, ep.port, client_id="txchaos-residue") as client:
+        with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
             for msg in drain(client, [self.input_queue], idle_s=0.3):
                 self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=self.input_queue)
         self.folder.step(f"drain residue of {self.input_queue}")

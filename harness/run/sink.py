@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 
 from harness.clients.activemq import Message, StompClient, dlq_name
+from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.stack.base import Endpoint
@@ -20,6 +21,9 @@ def op_of(msg: Message) -> str | None:
         return str(json.loads(msg.body)["op"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+MAX_RECONNECTS = 20
 
 
 class Sink:
@@ -43,31 +47,42 @@ class Sink:
         self._thread.start()
 
     def _run(self) -> None:
-        try:
-            with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink") as client:
-                subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
-                while not self._stop.is_set():
-                    msg = client.receive(0.1)
-                    if msg is None:
-                        self._idle.set()
-                        continue
-                    self._idle.clear()
-                    queue = subs.get(msg.subscription, "")
-                    op = op_of(msg)
-                    self.ledger.emit(
-                        self.queues.get(queue, Kind.DOWNSTREAM),
-                        op=op,
-                        msg=msg.message_id,
-                        dest=queue,
-                        redelivered=msg.redelivered,
-                    )
-                    client.ack(msg)
-                    with self._lock:
-                        self.received += 1
-                        if op:
-                            self.seen[op] += 1
-        except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
-            self._error = exc
+        # The sink is the harness's eye, not the system under test: a lost connection (a Toxiproxy
+        # cut, a broker restart) is reconnected, and unacked messages come back to the new one.
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self._consume()
+                return
+            except HarnessError as exc:
+                failures += 1
+                self.ledger.emit(Kind.ERROR, stage="sink", error=str(exc)[:300], reconnect=failures)
+                if failures > MAX_RECONNECTS:
+                    self._error = exc
+                    return
+                self._stop.wait(min(0.2 * failures, 2.0))
+            except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
+                self._error = exc
+                return
+
+    def _consume(self) -> None:
+        with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink", heartbeats=(0, 0)) as client:
+            subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
+            while not self._stop.is_set():
+                msg = client.receive(0.1)
+                if msg is None:
+                    self._idle.set()
+                    continue
+                self._idle.clear()
+                queue = subs.get(msg.subscription, "")
+                op = op_of(msg)
+                kind = self.queues.get(queue, Kind.DOWNSTREAM)
+                self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
+                client.ack(msg)
+                with self._lock:
+                    self.received += 1
+                    if op:
+                        self.seen[op] += 1
 
     def accounted(self) -> set[str]:
         with self._lock:

@@ -229,7 +229,7 @@ def load_tools() -> Tools:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - runs under whatever python3 the machine has
         print(f"txchaos bootstrap: Python {sys.version.split()[0]} is too old: install Python 3.11+", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

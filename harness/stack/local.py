@@ -6,6 +6,8 @@ stacks run side by side. Clients get only proxy addresses; Kafka advertises its 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pwd
 import secrets
@@ -22,12 +24,119 @@ from harness.errors import ConfigError, StackError
 from harness.paths import cache_root, stacks_root
 from harness.stack import bootstrap, topology
 from harness.stack.base import Endpoint, Endpoints
-from harness.stack.procs import Managed, free_ports, reap_orphans, spawn, stop
+from harness.stack.procs import (
+    Managed,
+    _has_tag,
+    _registry,
+    free_ports,
+    kill_group,
+    kill_group_wait,
+    reap_orphans,
+    spawn,
+    stop,
+)
 from harness.stack.waits import Wait, port_open, stomp_connected
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
 START_TIMEOUT_S = float(os.environ.get("TXCHAOS_START_TIMEOUT", "90"))
+
+
+@dataclass(frozen=True)
+class ServiceRecipe:
+    """How a service was spawned, kept in ``<state_dir>/services/<name>.json`` so a fault can respawn it.
+
+    The environment is left out on purpose: it may hold secrets, and a respawn inherits the
+    respawning process's environment like the first spawn did.
+    """
+
+    service: str
+    argv: list[str]
+    user: str | None
+    log_path: str
+    tag: str
+    detached: bool
+
+    @staticmethod
+    def path(state_dir: str | Path, service: str) -> Path:
+        return Path(state_dir) / "services" / f"{service}.json"
+
+    def save(self, state_dir: str | Path) -> None:
+        path = self.path(state_dir, self.service)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=2))
+        tmp.replace(path)  # a reader never sees half a recipe
+
+    @classmethod
+    def load(cls, state_dir: str | Path, service: str) -> ServiceRecipe:
+        path = cls.path(state_dir, service)
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"no spawn recipe for {service!r} at {path}",
+                hint="broker faults need a local stack started by this version of txchaos (`txchaos up` again)",
+            ) from exc
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Return the live pids the process registry records under ``tag`` (a restarted service too)."""
+    found = []
+    for path in sorted(_registry().glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("tag") != tag:
+            continue
+        pid = int(rec["pid"])
+        # A zombie has no environ left, so it counts as gone, as does a reused pid.
+        if _has_tag(pid, tag):
+            found.append(pid)
+        else:
+            path.unlink(missing_ok=True)  # a record of a process that is gone
+    return found
+
+
+def stop_tagged(tag: str, *, sig: int = signal.SIGKILL, timeout: float = 10.0) -> list[int]:
+    """Stop every live process group recorded under ``tag``; returns their pids."""
+    pids = tagged_pids(tag)
+    for pid in pids:
+        kill_group(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _has_tag(pid, tag):
+            time.sleep(0.05)
+        kill_group(pid, signal.SIGKILL)
+        kill_group_wait(pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if this process spawned it (a broker-fault restart)
+    tagged_pids(tag)  # drops the records of the processes just stopped
+    return pids
+
+
+def readiness(service: str, ep: Endpoints) -> Wait:
+    """Return the wait that passes once ``service`` answers through its Toxiproxy proxy."""
+    from harness.clients import db, kafka
+
+    admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
+    waits = {
+        "postgres": Wait(
+            "postgres through its proxy", lambda: db.ping(admin_url), timeout=START_TIMEOUT_S, tolerated=(Exception,)
+        ),
+        "activemq": Wait(
+            "activemq STOMP through its proxy", stomp_connected(ep.stomp.host, ep.stomp.port), timeout=START_TIMEOUT_S
+        ),
+        "kafka": Wait(
+            "kafka metadata through its proxy",
+            lambda: kafka.broker_ready(ep.kafka.address, 1.0),
+            timeout=START_TIMEOUT_S,
+            interval=0.2,
+        ),
+    }
+    if service not in waits:
+        raise ConfigError(f"no readiness probe for {service!r}", hint=f"one of {', '.join(sorted(waits))}")
+    return waits[service]
 
 
 @dataclass
@@ -127,9 +236,12 @@ class LocalProvider:
     def stop(self) -> None:
         """Stop every process group (Kafka and ActiveMQ first, Toxiproxy last) and remove data dirs."""
         for name in ("kafka", "activemq", "postgres", "toxiproxy"):
+            sig = signal.SIGTERM if name != "kafka" else signal.SIGKILL
             proc = self.procs.pop(name, None)
             if proc is not None:
-                stop(proc, timeout=10, sig=signal.SIGTERM if name != "kafka" else signal.SIGKILL)
+                stop(proc, timeout=10, sig=sig)
+            # A broker fault may have restarted the service from its recipe: find that copy by tag.
+            stop_tagged(self._tag(name), sig=sig)
         if self._pg_data is not None:
             shutil.rmtree(self._pg_data, ignore_errors=True)
         for sub in ("activemq", "kafka"):
@@ -148,6 +260,7 @@ class LocalProvider:
         if proc is None:
             raise ConfigError(f"unknown service {service!r}", hint=f"one of {sorted(self.procs)}")
         stop(proc, timeout=0.1, sig=signal.SIGKILL)
+        stop_tagged(self._tag(service))  # the copy a broker fault restarted, if any
 
     def restart(self, service: str) -> float:
         """Start ``service`` again on the same ports and data; returns seconds until it answers."""
@@ -159,7 +272,7 @@ class LocalProvider:
     def _spawn(self, service: str, *, fresh: bool = True) -> None:
         assert self._tools is not None
         log = self.state_dir / "logs" / f"{service}.log"
-        tag = f"stack/{self.stack_id}/{service}"
+        tag = self._tag(service)
         user: str | None = None
         if service == "toxiproxy":
             argv = [self._tools.toxiproxy, "-host", "127.0.0.1", "-port", str(self.ports.toxiproxy_api)]
@@ -171,7 +284,11 @@ class LocalProvider:
             argv = self._kafka_argv(fresh)
         else:
             raise ConfigError(f"unknown service {service!r}", hint="one of toxiproxy, postgres, activemq, kafka")
+        ServiceRecipe(service, [str(a) for a in argv], user, str(log), tag, self.detached).save(self.state_dir)
         self.procs[service] = spawn(argv, name=service, tag=tag, log_path=log, user=user, detached=self.detached)
+
+    def _tag(self, service: str) -> str:
+        return f"stack/{self.stack_id}/{service}"
 
     def _postgres_argv(self, fresh: bool) -> tuple[list[str], str | None]:
         assert self._tools is not None
@@ -197,7 +314,9 @@ class LocalProvider:
             "-c",
             "fsync=off",
             "-c",
-            "synchronous_commit=off",
+            # on: with fsync off a commit is written, not flushed, before it returns, so a kill -9 of
+            # the server never loses an acknowledged commit (off would fake lost effects).
+            "synchronous_commit=on",
             "-c",
             "full_page_writes=off",
             "-c",
@@ -366,31 +485,11 @@ class LocalProvider:
             admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
 
     def _wait_one(self, service: str, ep: Endpoints) -> float:
-        from harness.clients import db, kafka
+        from harness.clients import db
 
-        admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
-        waits = {
-            "postgres": Wait(
-                "postgres through its proxy",
-                lambda: db.ping(admin_url),
-                timeout=START_TIMEOUT_S,
-                tolerated=(Exception,),
-            ),
-            "activemq": Wait(
-                "activemq STOMP through its proxy",
-                stomp_connected(ep.stomp.host, ep.stomp.port),
-                timeout=START_TIMEOUT_S,
-            ),
-            "kafka": Wait(
-                "kafka metadata through its proxy",
-                lambda: kafka.broker_ready(ep.kafka.address, 1.0),
-                timeout=START_TIMEOUT_S,
-                interval=0.2,
-            ),
-        }
-        took = waits[service].run(self.procs[service])
+        took = readiness(service, ep).run(self.procs[service])
         if service == "postgres":
-            db.ensure_database(admin_url, ep.db_name)
+            db.ensure_database(ep.postgres_url.rsplit("/", 1)[0] + "/postgres", ep.db_name)
         return took
 
     def _wait_all(self, ep: Endpoints) -> None:

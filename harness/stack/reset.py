@@ -41,7 +41,7 @@ class Resetter:
         db.truncate_all(self._engine)
         if self.queues:
             ep = self.endpoints.stomp
-            with StompClient(ep.host, ep.port, client_id="txchaos-reset") as client:
+            with StompClient(ep.host, ep.port, client_id="txchaos-reset", heartbeats=(0, 0)) as client:
                 for _ in drain(client, sorted(self.queues), idle_s=0.05):
                     pass
         if self.topics:

@@ -91,7 +91,8 @@ def test_stomp_transaction_round_trip(txchaos_stack: Endpoints) -> None:
         client.commit(tx)
         client.subscribe(q)
         msg = client.receive(5)
-        assert msg is not None and msg.body == "committed"
+        assert msg is not None
+        assert msg.body == "committed"
         client.ack(msg)
         assert client.receive(0.5) is None  # the aborted SEND was discarded
 
@@ -102,10 +103,14 @@ def test_proxy_cut_is_seen_by_a_live_stomp_client(txchaos_stack: Endpoints, prox
     client = StompClient(ep.host, ep.port)
     try:
         proxies.set_enabled("activemq_stomp", False)
-        with pytest.raises(HarnessError):
+
+        def use_until_broken() -> None:
             for _ in range(50):  # heart-beats (1 s) notice the cut connection
                 client.receive(0.1)
                 client.send("txchaos.it.cut", "x")
+
+        with pytest.raises(HarnessError):
+            use_until_broken()
     finally:
         client.close()
 
@@ -115,5 +120,6 @@ def test_two_stacks_side_by_side(txchaos_stack: Endpoints) -> None:
         mine = {txchaos_stack.postgres.port, txchaos_stack.stomp.port, txchaos_stack.kafka.port}
         theirs = {other.postgres.port, other.stomp.port, other.kafka.port}
         assert not mine & theirs
-        assert _pg_ok(other) and _stomp_ok(other)
-        assert _pg_ok(txchaos_stack) and _stomp_ok(txchaos_stack)
+        for ep in (other, txchaos_stack):
+            assert _pg_ok(ep)
+            assert _stomp_ok(ep)

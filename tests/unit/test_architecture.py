@@ -27,9 +27,9 @@ LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
     {"errors", "paths", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
     {"stack", "clients"},
-    {"ledger", "worker", "patterns"},
+    {"ledger", "worker", "patterns", "faults"},
     {"verify"},
-    {"run"},
+    {"run", "machines"},
     {"reporting", "bench"},
     {"cli", "pytest_plugin"},
 ]

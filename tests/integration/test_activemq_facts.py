@@ -1,0 +1,193 @@
+"""BROKER_FACTS.md, proven on the pinned ActiveMQ Classic through its Toxiproxy proxy.
+
+Where the pinned broker differs from BROKER_FACTS.md these tests assert what it really does
+(docs/faults.md lists the differences). Heart-beats are off here: these tests are about acks and
+redelivery, and on a loaded 2-core machine a late heart-beat would drop the connection.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from harness.clients.activemq import Message, StompClient, dlq_name
+from harness.errors import HarnessError
+from harness.stack.base import Endpoints
+from harness.stack.local import LocalProvider
+
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
+
+# Measured on ActiveMQ Classic 6.1.8 with maximumRedeliveries=6: the first delivery plus 5
+# redeliveries, not the 1 + 6 that BROKER_FACTS.md measured on 5.17.
+PLUGIN_DELIVERIES = 6
+
+
+def _client(ep: Endpoints) -> StompClient:
+    return StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0))
+
+
+def _queue() -> str:
+    return f"txchaos.facts.{uuid.uuid4().hex[:8]}"
+
+
+def _one(client: StompClient, name: str, timeout: float = 5.0) -> Message | None:
+    """Subscribe to ``name``, take one message (acked), unsubscribe."""
+    sub = client.subscribe(name)
+    try:
+        msg = client.receive(timeout)
+        if msg is not None:
+            client.ack(msg)
+        return msg
+    finally:
+        client.unsubscribe(sub)
+
+
+@pytest.fixture
+def stomp(txchaos_stack: Endpoints) -> Iterator[StompClient]:
+    with _client(txchaos_stack) as client:
+        yield client
+
+
+def test_nack_dead_letters_on_the_first_try(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "poison")
+    stomp.subscribe(q)
+    first = stomp.receive(5)
+    assert first is not None
+    assert not first.redelivered
+    stomp.nack(first)
+    assert stomp.receive(2) is None, "a NACKed message came back without the redelivery plugin"
+    with _client(txchaos_stack) as other:
+        dead = _one(other, dlq_name(q))
+    assert dead is not None, f"the NACKed message is not in {dlq_name(q)}"
+    assert dead.message_id == first.message_id
+    assert dead.headers["original-destination"] == f"/queue/{q}"
+
+
+def test_nack_of_a_non_persistent_message_is_lost(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "fleeting", persistent=False)
+    stomp.subscribe(q)
+    msg = stomp.receive(5)
+    assert msg is not None
+    assert "persistent" not in msg.headers
+    stomp.nack(msg)
+    assert stomp.receive(1.5) is None
+    with _client(txchaos_stack) as other:
+        assert _one(other, dlq_name(q), timeout=1.5) is None, "a non-persistent NACK was dead-lettered"
+
+
+def test_transacted_nack_is_rejected(stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "x")
+    stomp.subscribe(q)
+    msg = stomp.receive(5)
+    assert msg is not None
+    tx = stomp.begin()
+    stomp.nack(msg, transaction=tx)
+    with pytest.raises(HarnessError, match="Poison ack cannot be transacted"):
+        stomp.receive(5)
+
+
+def test_abort_keeps_the_message_in_flight_until_unsubscribe(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "order-1")
+    sub = stomp.subscribe(q)
+    first = stomp.receive(5)
+    assert first is not None
+    tx = stomp.begin()
+    stomp.ack(first, transaction=tx)
+    stomp.abort(tx)
+    with _client(txchaos_stack) as other:
+        other.subscribe(q)
+        assert stomp.receive(2) is None, "ABORT redelivered to the live subscription"
+        assert other.receive(0.5) is None, "the aborted message was free for another consumer: not in flight"
+        stomp.unsubscribe(sub)
+        started = time.monotonic()
+        again = other.receive(5)
+        assert again is not None, "UNSUBSCRIBE did not release the aborted message"
+        assert time.monotonic() - started < 2.0
+        assert again.redelivered
+        assert again.message_id == first.message_id
+        assert again.ack_id != first.ack_id
+        other.ack(again)
+
+
+def test_disconnect_with_an_open_transaction_redelivers(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "order-2")
+    stomp.subscribe(q)
+    consumer = _client(txchaos_stack)
+    consumer.subscribe(q)
+    first = consumer.receive(5)
+    assert first is not None
+    consumer.ack(first, transaction=consumer.begin())
+    consumer.close()  # no COMMIT: acts as an abort
+    again = stomp.receive(5)
+    assert again is not None
+    assert again.redelivered
+    assert again.message_id == first.message_id
+    stomp.ack(again)
+
+
+def test_disconnect_redelivers_at_once_and_never_dead_letters(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    q = _queue()
+    stomp.send(q, "crashy")
+    seen: list[Message] = []
+    for _ in range(8):  # more than any redelivery limit: a disconnect loop must not dead-letter
+        consumer = _client(txchaos_stack)
+        consumer.subscribe(q)
+        started = time.monotonic()
+        msg = consumer.receive(5)
+        assert msg is not None, f"delivery {len(seen) + 1} never came"
+        assert time.monotonic() - started < 1.0, "a disconnect redelivery was not immediate"
+        seen.append(msg)
+        consumer.close()  # unacked client-individual message
+    assert len({m.message_id for m in seen}) == 1
+    assert len({m.ack_id for m in seen}) == len(seen)
+    assert [m.redelivered for m in seen] == [False] + [True] * (len(seen) - 1)
+    assert not [h for h in seen[-1].headers if "count" in h.lower()], "a delivery-count header appeared"
+    assert _one(stomp, dlq_name(q), timeout=1.0) is None
+    assert _one(stomp, q) is not None
+
+
+def _deliveries_until_dead(client: StompClient, q: str, *, disconnects: int = 0) -> tuple[int, list[float]]:
+    """NACK (after ``disconnects`` disconnect redeliveries) until the message stops coming back."""
+    count, gaps, last = 0, [], time.monotonic()
+    host, port = client.host, client.port
+    for _ in range(disconnects):
+        with StompClient(host, port, heartbeats=(0, 0)) as c:
+            c.subscribe(q)
+            assert c.receive(5) is not None
+            count += 1
+    client.subscribe(q)
+    while (msg := client.receive(4)) is not None:
+        count += 1
+        gaps.append(time.monotonic() - last)
+        last = time.monotonic()
+        client.nack(msg)
+    return count, gaps[1:]
+
+
+def test_redelivery_plugin_redelivers_then_dead_letters() -> None:
+    with LocalProvider(activemq_config="activemq-redelivery.xml") as ep:
+        q = _queue()
+        with _client(ep) as client:
+            client.send(q, "poison")
+            count, gaps = _deliveries_until_dead(client, q)
+        assert count == PLUGIN_DELIVERIES, f"{count} deliveries with maximumRedeliveries=6"
+        assert min(gaps) >= 0.95, f"redelivery delays {gaps}: the plugin's 1000 ms was not applied"
+        with _client(ep) as other:
+            dead = _one(other, dlq_name(q))
+        assert dead is not None
+        assert dead.body == "poison"
+
+        # Disconnect redeliveries count towards the limit too: the total stays the same.
+        q2 = _queue()
+        with _client(ep) as client:
+            client.send(q2, "poison")
+            count2, _ = _deliveries_until_dead(client, q2, disconnects=3)
+        assert count2 == PLUGIN_DELIVERIES
