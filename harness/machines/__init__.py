@@ -1,0 +1,1 @@
+"""Hypothesis state machines that drive a pattern under faults and check its invariants."""

@@ -1,0 +1,121 @@
+"""A state machine for a stage pattern: submit, arm crash points, slow or cut the network.
+
+Each example is one ``RunSession``: a fresh namespace, tables truncated, toxics removed. Rules
+act while the flow runs; the invariant "no duplicate effect" is checked after every step, and
+"nothing lost, nothing stuck" (the full verdict) after quiescence in ``teardown``. A failure
+carries the run folder, the seed and the step list; Hypothesis shrinks it to a short program.
+
+Subclass, or bind one with ``stage_machine(spec, endpoints)``:
+
+>>> Machine = stage_machine(spec, endpoints)
+>>> run_state_machine_as_test(Machine, settings=profile("ci"))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from harness.clients.toxiproxy import ToxiproxyAdmin
+from harness.errors import ConfigError
+from harness.ledger.schema import Kind
+from harness.run.runner import RunResult, RunSession
+from harness.run.spec import Crash, ScenarioSpec
+from harness.stack.base import Endpoints
+
+CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")
+PROXIES = ("activemq_stomp", "postgres")
+
+
+class StageMachine(RuleBasedStateMachine):
+    """Drive ``spec``'s stage against ``endpoints`` (class attributes, set by ``stage_machine``)."""
+
+    spec: ClassVar[ScenarioSpec]
+    endpoints: ClassVar[Endpoints]
+    # The steps of the last example, in order: after a failure, the shrunk counterexample.
+    last_steps: ClassVar[list[str]] = []
+    last_result: ClassVar[RunResult | None] = None
+    examples: ClassVar[int] = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        cls.examples += 1
+        cls.last_steps = []
+        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=20.0)
+        self.run = RunSession(spec, cls.endpoints).open()
+        self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
+        self.toxics: set[tuple[str, str]] = set()
+        note(f"run folder: {self.run.folder.path}")
+
+    def _step(self, text: str) -> None:
+        type(self).last_steps.append(text)
+
+    # -- rules ---------------------------------------------------------------------------------
+    @rule(n=st.integers(min_value=1, max_value=3))
+    def submit(self, n: int) -> None:
+        self._step(f"submit({n})")
+        self.run.submit(n)
+
+    @rule(point=st.sampled_from(CRASH_POINTS), ahead=st.integers(min_value=0, max_value=2))
+    def arm_crash(self, point: str, ahead: int) -> None:
+        """Kill the worker at ``point`` on the operation submitted ``ahead`` submissions from now."""
+        self._step(f"arm_crash({point!r}, ahead={ahead})")
+        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops) + ahead))
+
+    @rule(proxy=st.sampled_from(PROXIES), latency_ms=st.sampled_from([20, 150]))
+    def slow_network(self, proxy: str, latency_ms: int) -> None:
+        self._step(f"slow_network({proxy!r}, {latency_ms})")
+        name = f"latency-{len(self.toxics)}"
+        self.proxies.add_toxic(proxy, type="latency", name=name, attributes={"latency": latency_ms, "jitter": 10})
+        self.toxics.add((proxy, name))
+        self.run.ledger.emit(Kind.FAULT_START, point=name, proxy=proxy, latency_ms=latency_ms)
+
+    @precondition(lambda self: bool(self.toxics))
+    @rule()
+    def heal_network(self) -> None:
+        self._step("heal_network()")
+        self._heal()
+
+    def _heal(self) -> None:
+        for proxy, name in sorted(self.toxics):
+            self.proxies.remove_toxic(proxy, name)
+            self.run.ledger.emit(Kind.FAULT_END, point=name, proxy=proxy)
+        self.toxics.clear()
+
+    # -- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def no_duplicate_effect(self) -> None:
+        duplicated = self.run.duplicate_effects()
+        assert not duplicated, f"duplicate-effect on {duplicated} (run folder {self.run.folder.path})"
+
+    def teardown(self) -> None:
+        try:
+            self._heal()
+        finally:
+            result = self.run.close()  # quiescence, residue, verdict; heals the run in any case
+        type(self).last_result = result
+        verdict = result.verdict
+        note(f"verdict: {verdict.headline()}")
+        assert verdict.clean, (
+            f"{verdict.headline()}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
+            f"steps: {' -> '.join(type(self).last_steps)}"
+        )
+
+
+def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[StageMachine]:
+    """Return a ``StageMachine`` subclass bound to ``spec`` and ``endpoints``."""
+    if not isinstance(endpoints, Endpoints):
+        raise ConfigError(
+            f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",
+            hint="pass the txchaos_stack fixture's value",
+        )
+    name = f"{spec.name.title().replace('_', '')}{spec.variant.title().replace('-', '')}Machine"
+    namespace: dict[str, Any] = {"spec": spec, "endpoints": endpoints, "last_steps": [], "examples": 0, **attrs}
+    namespace["__module__"] = os.environ.get("TXCHAOS_MACHINE_MODULE", __name__)
+    return type(name, (StageMachine,), namespace)

@@ -1,0 +1,52 @@
+"""The 1PC stage under a Hypothesis state machine: crashes at every stage point, slow networks.
+
+The naive stage must be *caught*: Hypothesis finds a program that ends in duplicate-effect and
+shrinks it (target: at most 6 steps). The check-then-skip stage must hold under the same rules.
+Run it: ``pytest scenarios/onepc_machine_scenario.py`` (profile: ``TXCHAOS_PROFILE=dev|ci|nightly``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness import Endpoints, ScenarioSpec
+from harness.machines.profiles import profile
+from harness.machines.stage import stage_machine
+
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
+
+
+def spec(variant: str, handler: str) -> ScenarioSpec:
+    return ScenarioSpec(
+        name="onepc_machine",
+        variant=variant,
+        handler=f"harness.patterns.onepc:{handler}",
+        schema="onepc",
+        effect_table="onepc_effects",
+        options={"table": "onepc_effects"},
+    )
+
+
+def test_naive_stage_is_caught_and_shrunk(txchaos_stack: Endpoints) -> None:
+    machine = stage_machine(spec("naive", "naive"), txchaos_stack)
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="duplicate-effect") as failure:
+        run_state_machine_as_test(machine, settings=profile())
+    took = time.monotonic() - started
+    steps = machine.last_steps
+    print(f"naive 1PC: counterexample of {len(steps)} steps after {machine.examples} examples, {took:.0f}s: {steps}")
+    assert any(s.startswith("arm_crash('after_db_commit'") for s in steps), steps
+    assert len(steps) <= 6, steps
+    assert "seed:" in str(failure.value)
+    assert "run folder:" in str(failure.value)
+
+
+def test_check_then_skip_holds_under_the_same_rules(txchaos_stack: Endpoints) -> None:
+    machine = stage_machine(spec("check-then-skip", "check_then_skip"), txchaos_stack)
+    run_state_machine_as_test(machine, settings=profile())
+    assert machine.examples >= profile().max_examples
+    assert machine.last_result is not None
+    assert machine.last_result.verdict.clean
