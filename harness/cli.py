@@ -230,6 +230,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
+def _forward(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    """Return a command that hands its remaining arguments to ``module.func(argv)``."""
+
+    def command(args: argparse.Namespace) -> int:
+        entry: Callable[[list[str]], int] = getattr(importlib.import_module(module), func)
+        return entry(args.forward_args)
+
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="txchaos", description="Chaos harness for transactional messaging.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results")
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("verify", help="verify a run folder's ledger (Spark by default) and write verdict.json")
+    p.set_defaults(func=_forward("harness.verify.cli", "verify_main"), passthrough="forward_args")
+
+    p = sub.add_parser("ledger", help="ledger tools: `ledger synth --events N --out DIR` writes a synthetic run")
+    p.add_argument("tool", choices=("synth",))
+    p.set_defaults(func=_forward("harness.verify.cli", "synth_main"), passthrough="forward_args")
 
     p = sub.add_parser("bench", help="benchmarks: `stack` (start, reset, throughput) or `verify` (ledger engines)")
     p.add_argument("what", choices=("stack", "verify"))

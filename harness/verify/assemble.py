@@ -98,6 +98,7 @@ class Aggregates:
     latency_max_us: int | None
     clock_skew_ops: int  # downstream seen before submit: writers' clocks disagree
     overlays: dict[int, dict[str, int]] = field(default_factory=dict)  # window index -> counts
+    events_without_op: int | None = None  # engines that group writers without has_op say it here
 
 
 def _writer_stats(writers: dict[tuple[str, int, str, bool], tuple[int, int, int]]) -> dict[str, Any]:
@@ -124,7 +125,10 @@ def _writer_stats(writers: dict[tuple[str, int, str, bool], tuple[int, int, int]
 def build_stats(agg: Aggregates, windows: list[FaultWindow], unmatched_ends: int) -> dict[str, Any]:
     """Return the verdict's statistics from an engine's aggregates (identical for every engine)."""
     stats = _writer_stats(agg.writers)
-    hist = {str(k) if k < DELIVERY_HIST_CAP else f"{DELIVERY_HIST_CAP}+": v for k, v in sorted(agg.deliveries_hist.items())}
+    if agg.events_without_op is not None:
+        stats["events_without_op"] = agg.events_without_op
+    cap = f"{DELIVERY_HIST_CAP}+"
+    hist = {str(k) if k < DELIVERY_HIST_CAP else cap: v for k, v in sorted(agg.deliveries_hist.items())}
     overlay = []
     for i, w in enumerate(windows):
         entry = w.to_dict()

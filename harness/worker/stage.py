@@ -13,6 +13,7 @@ import importlib
 import json
 import signal
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,7 @@ class StageWorker:
         self.handler = load_handler(spec.handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
         self.stop = threading.Event()
+        self.attempts: Counter[str] = Counter()
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
@@ -106,7 +108,19 @@ class StageWorker:
         def reach(point: str) -> None:
             self.crash.reach(point, op=op, msg=mid, stage=stage)
 
-        emit(Kind.DELIVER, op=op, msg=mid, stage=stage, dest=self.spec.input_queue, redelivered=msg.redelivered)
+        # STOMP has no delivery count (BROKER_FACTS.md): count per message id in this process,
+        # and trust the broker's redelivered flag across a restart of the worker.
+        self.attempts[mid] += 1
+        attempt = max(self.attempts[mid], 2 if msg.redelivered else 1)
+        emit(
+            Kind.DELIVER,
+            op=op,
+            msg=mid,
+            stage=stage,
+            dest=self.spec.input_queue,
+            attempt=attempt,
+            redelivered=msg.redelivered,
+        )
         tx = client.begin()
 
         def send(out: dict[str, Any], dest: str | None) -> None:

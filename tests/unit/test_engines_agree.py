@@ -1,0 +1,203 @@
+"""Differential test: the in-process and Spark engines agree, and both find every injected anomaly.
+
+Hypothesis builds small ledgers from operations with a known class (or none), fault windows and
+edge cases (never delivered, effect without submission, duplicates inside and across fault
+windows, a sink clock running behind), writes them as segments, compacts them, and runs both
+engines. Each injected operation must be named under its class, by both engines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.ledger.reader import compact
+from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
+from harness.verify import checker
+from harness.verify.assemble import compare_verdicts
+from harness.verify.model import FlowContract, rules
+
+pytestmark = pytest.mark.spark
+
+S = 1_000_000_000
+MS = 1_000_000
+T0 = 1_700_000_000 * S
+# class -> the classes the verdict must name for that operation
+EXPECT: dict[str, set[str]] = {
+    "normal": set(),
+    "redelivered": set(),
+    "aborted-2pc": set(),
+    "lost": {"lost"},
+    "never-delivered": {"lost"},
+    "lost-no-downstream": {"lost"},
+    "duplicate-effect": {"duplicate-effect"},
+    "duplicate-external-call": {"duplicate-external-call"},
+    "orphan-effect": {"orphan-effect"},
+    "stuck": {"stuck"},
+    "dead-lettered": {"dead-lettered"},
+    "dead-lettered-with-effect": {"dead-lettered-with-effect"},
+    "never-dead-lettered-poison": {"never-dead-lettered-poison", "stuck"},
+    "in-doubt": {"in-doubt"},
+}
+
+
+@dataclass(frozen=True)
+class Op:
+    cls: str
+    skew: bool  # the sink's clock runs 5 s behind: downstream before submit
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    first_op: int  # starts half-way through this op ...
+    last_op: int  # ... and ends half-way through this one
+
+
+def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
+    """Return (ts, src, kind, columns) for operation ``i``; attempts at 100 ms and 700 ms into its second."""
+    name, base = f"op-{i:04d}", T0 + i * S
+    ev: list[tuple[int, str, Kind, dict[str, Any]]] = []
+
+    def add(offset_ms: int, src: str, kind: Kind, **cols: Any) -> None:
+        ev.append((base + offset_ms * MS, src, kind, {"op": name, **cols}))
+
+    c = op.cls
+    if c == "orphan-effect":
+        pass
+    elif c in ("in-doubt", "aborted-2pc"):
+        add(0, "driver", Kind.PREPARE)
+        if c == "aborted-2pc":
+            add(50, "driver", Kind.ABORT_PREPARED)
+        return ev
+    else:
+        add(0, "driver", Kind.SUBMIT, dest="orders")
+    if c == "never-delivered":
+        return ev
+    attempts = {"redelivered": 2, "duplicate-effect": 2, "duplicate-external-call": 2,
+                "never-dead-lettered-poison": 12}.get(c, 1)
+    for a in range(1, attempts + 1):
+        t = 100 if a == 1 else 700 + a
+        msg = f"ID:{name}"
+        add(t, "worker-0", Kind.DELIVER, msg=msg, stage="s0", attempt=a)
+        if c == "never-dead-lettered-poison":
+            add(t + 1, "worker-0", Kind.CRASH, msg=msg, point="before_db_commit", attempt=a)
+            continue
+        if c == "duplicate-external-call":
+            add(t + 1, "worker-0", Kind.EXTERNAL_CALL, msg=msg, attempt=a)
+        if a < attempts and c == "redelivered":
+            add(t + 2, "worker-0", Kind.CRASH, msg=msg, point="before_db_commit", attempt=a)
+            continue
+        add(t + 3, "worker-0", Kind.EFFECT, msg=msg, attempt=a)
+        add(t + 4, "worker-0", Kind.DB_COMMIT, msg=msg, attempt=a)
+        if a < attempts:  # crash after the DB commit: the effect is applied, the message redelivered
+            add(t + 5, "worker-0", Kind.CRASH, msg=msg, point="after_db_commit", attempt=a)
+        else:
+            add(t + 6, "worker-0", Kind.BROKER_COMMIT, msg=msg, attempt=a)
+    sink_t = 900 - (5000 if op.skew else 0)
+    tail = {
+        "lost": [], "lost-no-downstream": [Kind.RESIDUE_EFFECT],
+        "duplicate-effect": [Kind.DOWNSTREAM, Kind.RESIDUE_EFFECT, Kind.RESIDUE_EFFECT],
+        "stuck": [Kind.RESIDUE_QUEUE], "never-dead-lettered-poison": [Kind.RESIDUE_QUEUE],
+        "dead-lettered": [Kind.DEAD_LETTER], "dead-lettered-with-effect": [Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT],
+    }.get(c, [Kind.DOWNSTREAM, Kind.RESIDUE_EFFECT])
+    for k in tail:
+        if k in (Kind.DOWNSTREAM, Kind.DEAD_LETTER):
+            add(sink_t, "sink", k)
+        else:  # residue is drained after the run, far later
+            ev.append((T0 + 10_000 * S + i, "residue", k, {"op": name}))
+    return ev
+
+
+def write_ledger(run: Path, ops: list[Op], windows: list[Window]) -> None:
+    """Write the operations and windows as JSON-lines segments (one per writer) and compact them."""
+    rows = [e for i, op in enumerate(ops) for e in _events(i, op)]
+    for w in windows:
+        rows.append((T0 + w.first_op * S + 500 * MS, "faults", Kind.FAULT_START, {"point": w.name}))
+        rows.append((T0 + w.last_op * S + 500 * MS, "faults", Kind.FAULT_END, {"point": w.name}))
+    seg = run / "ledger" / "segments"
+    seg.mkdir(parents=True)
+    by_src: dict[str, list[dict[str, Any]]] = {}
+    for ts, src, kind, cols in rows:
+        out = by_src.setdefault(src, [])
+        row = dict.fromkeys(COLUMNS) | {"ts_ns": ts, "src": src, "pid": 100 + len(src), "seq": len(out),
+                                        "kind": str(kind), "detail": "{}"} | cols
+        out.append(row)
+    for src, out in by_src.items():
+        (seg / f"{src}-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+    compact(run / "ledger")
+
+
+def _bounds(w: Window) -> tuple[int, int]:
+    return T0 + w.first_op * S + 500 * MS, T0 + w.last_op * S + 500 * MS
+
+
+def expected_faults(i: int, op: Op, windows: list[Window]) -> set[str]:
+    """Return the fault names overlapping operation ``i``'s span (its events outside the residue)."""
+    span = [ts for ts, _src, k, _c in _events(i, op) if k not in RESIDUE_KINDS]
+    if not span:
+        return set()
+    return {w.name for w in windows if min(span) <= _bounds(w)[1] and max(span) >= _bounds(w)[0]}
+
+
+@st.composite
+def ledgers(draw: st.DrawFn) -> tuple[list[Op], list[Window]]:
+    ops = draw(st.lists(st.builds(Op, st.sampled_from(sorted(EXPECT)), st.booleans()), min_size=1, max_size=14))
+    n = len(ops)
+    spans = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, 2)), max_size=3))
+    windows = [Window(f"fault-{j}", a, min(n, a + d)) for j, (a, d) in enumerate(spans)]
+    return ops, windows
+
+
+@pytest.fixture(scope="module")
+def spark_engine() -> Iterator[Any]:
+    spark = pytest.importorskip("harness.verify.spark")
+    session = spark.spark_session("local[2]", driver_memory="1g")
+    yield spark, session
+    session.stop()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=ledgers())
+def test_engines_agree_and_find_every_injected_anomaly(
+    case: tuple[list[Op], list[Window]], spark_engine: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    ops, windows = case
+    run = tmp_path_factory.mktemp("run")
+    write_ledger(run, ops, windows)
+    contract = FlowContract()
+    spark, session = spark_engine
+    local = checker.check_run(run, contract)
+    remote = spark.check_run(run, contract, spark=session)
+    assert compare_verdicts(local, remote) == []
+    assert remote.engine == "spark"
+    assert {"jvm_start_s", "job_s"} <= set(remote.timing)
+    for cls in rules(contract):
+        injected = {f"op-{i:04d}" for i, op in enumerate(ops) if cls in EXPECT[op.cls]}
+        for v in (local, remote):
+            assert v.anomalies[cls] == len(injected), cls
+            assert v.ops(cls) == injected, cls
+    both_ends = {"normal", "redelivered", "duplicate-effect", "duplicate-external-call"}
+    assert local.stats["clock_skew_ops"] == sum(op.skew for op in ops if op.cls in both_ends)
+    assert local.stats["seq_missing"] == 0
+    assert local.stats["redeliveries"] == sum(
+        {"redelivered": 1, "duplicate-effect": 1, "duplicate-external-call": 1, "never-dead-lettered-poison": 11}
+        .get(op.cls, 0) for op in ops)
+    assert len(local.stats["fault_windows"]) == len(windows)
+    for w in local.witnesses:
+        i = int(w.op.split("-")[1])
+        # the overlay: every fault window overlapping the operation, and on each event the ones active
+        assert {f["fault"] for f in w.faults} == expected_faults(i, ops[i], windows)
+        for e in w.events:
+            active = {x.name for x in windows if _bounds(x)[0] <= e["ts_ns"] <= _bounds(x)[1]}
+            assert set(e.get("faults", ())) == active
+        assert len(w.events) == len(_events(i, ops[i]))
+        order = [(e["ts_ns"], e["src"], e["seq"]) for e in w.events]
+        assert order == sorted(order)

@@ -1,0 +1,111 @@
+"""The in-process engine on hand-built edge cases, the verdict file, and the verify CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.ledger.schema import Kind
+from harness.ledger.synth import synth_run
+from harness.ledger.writer import LedgerWriter
+from harness.verify.assemble import compare_verdicts, pair_fault_windows, percentiles
+from harness.verify.checker import check_run
+from harness.verify.cli import synth_main, verify_main
+from harness.verify.model import FlowContract, latency_bucket_us
+from harness.verify.verdict import Verdict
+
+
+def _flow(w: LedgerWriter, op: str, *, effects: int = 1, downstream: bool = True) -> None:
+    w.emit(Kind.SUBMIT, op=op)
+    w.emit(Kind.DELIVER, op=op, attempt=1)
+    for _ in range(effects):
+        w.emit(Kind.RESIDUE_EFFECT, op=op)
+    if downstream:
+        w.emit(Kind.DOWNSTREAM, op=op)
+
+
+def test_checker_names_each_anomaly_and_nothing_else(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as w:
+        _flow(w, "ok-1")
+        _flow(w, "dup", effects=2)
+        _flow(w, "stopped", downstream=False)
+        w.emit(Kind.SUBMIT, op="never-delivered")
+        w.emit(Kind.RESIDUE_EFFECT, op="orphan")
+        w.emit(Kind.PREPARE, op="in-doubt")
+        w.emit(Kind.PREPARE, op="aborted")
+        w.emit(Kind.ABORT_PREPARED, op="aborted")
+    v = check_run(tmp_path, FlowContract())
+    assert v.found() == {"lost": 2, "duplicate-effect": 1, "orphan-effect": 1, "in-doubt": 1}
+    assert v.ops("lost") == {"stopped", "never-delivered"}
+    assert v.ops("duplicate-effect") == {"dup"}
+    lenient = check_run(tmp_path, FlowContract(expects_downstream=False))
+    assert lenient.ops("lost") == {"never-delivered"}
+
+
+def test_witness_carries_the_fault_active_during_the_duplicate(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as w:
+        w.emit(Kind.SUBMIT, op="op-1")
+        w.emit(Kind.FAULT_START, point="latency:activemq")
+        w.emit(Kind.DELIVER, op="op-1", attempt=1)
+        w.emit(Kind.FAULT_END, point="latency:activemq")
+        w.emit(Kind.DELIVER, op="op-1", attempt=2)
+        w.emit(Kind.RESIDUE_EFFECT, op="op-1")
+        w.emit(Kind.RESIDUE_EFFECT, op="op-1")
+        w.emit(Kind.DOWNSTREAM, op="op-1")
+    v = check_run(tmp_path, FlowContract())
+    (wit,) = v.witnesses
+    assert [f["fault"] for f in wit.faults] == ["latency:activemq"]
+    assert [e.get("faults") for e in wit.events if e["kind"] == "deliver"] == [["latency:activemq"], None]
+    assert v.stats["redeliveries"] == 1
+    assert v.stats["fault_windows"][0]["anomalies"] == {"duplicate-effect": 1}
+
+
+def test_fault_windows_pair_first_in_first_out_and_count_strays() -> None:
+    rows = [
+        {"ts_ns": t, "src": "faults", "seq": i, "kind": k, "point": p}
+        for i, (t, k, p) in enumerate([(1, "fault_start", "a"), (2, "fault_start", "a"), (3, "fault_end", "a"),
+                                       (4, "fault_end", "b"), (5, "fault_start", "c")])
+    ]
+    windows, stray = pair_fault_windows(rows)
+    assert [(w.fault, w.start_ns, w.end_ns) for w in windows] == [("a", 1, 3), ("a", 2, None), ("c", 5, None)]
+    assert stray == 1
+
+
+def test_latency_buckets_and_percentiles() -> None:
+    assert [latency_bucket_us(v) for v in (0, 999, 1234, 98765, 5_432_100)] == [0, 999, 1230, 98700, 5_430_000]
+    hist = {1000: 50, 2000: 45, 9000: 5}
+    assert percentiles(hist, 9500) == {"count": 100, "p50": 2.0, "p95": 2.0, "p99": 9.0, "max": 9.5}
+
+
+def test_verdict_roundtrips_and_compares(tmp_path: Path) -> None:
+    run = synth_run(tmp_path / "r", 30_000, seed=5, anomaly_rate=0.02)
+    v = check_run(run, FlowContract())
+    again = Verdict.load(v.write(tmp_path / "verdict.json"))
+    assert compare_verdicts(v, again) == []
+    changed = Verdict(dict(v.anomalies, lost=v.anomalies["lost"] + 1), v.witnesses, v.stats, "other")
+    assert compare_verdicts(v, changed)
+
+
+def test_synth_ground_truth_is_what_the_checker_finds(tmp_path: Path) -> None:
+    run = synth_run(tmp_path / "r", 200_000, seed=11, anomaly_rate=0.01)
+    truth = json.loads((run / "manifest.json").read_text())["ground_truth"]
+    v = check_run(run, FlowContract())
+    assert v.found() == {k: n for k, n in truth.items() if n}
+    assert v.stats["seq_missing"] == 0
+
+
+def test_verify_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert verify_main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert synth_main(["--events", "2e4", "--out", str(tmp_path / "s"), "--seed", "2", "--anomaly-rate", "0.05"]) == 0
+    assert verify_main([str(tmp_path / "s"), "--engine", "in-process"]) == 1
+    assert Verdict.load(tmp_path / "s" / "verdict.json").engine == "in-process"
+    clean = tmp_path / "clean"
+    with LedgerWriter(clean / "ledger", "driver") as w:
+        _flow(w, "op-1")
+    assert verify_main([str(clean), "--engine", "in-process"]) == 0
+    assert "CLEAN" in capsys.readouterr().out
