@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -110,6 +111,11 @@ class StompClient:
                 f"STOMP connect to {host}:{port} failed: {exc}",
                 hint="is the broker up (`txchaos status`) and the activemq_stomp proxy enabled?",
             ) from exc
+        # stomp.py leaves Nagle on: a small frame then waits for the peer's delayed ACK (~40 ms
+        # a message through Toxiproxy). The broker side already sets transport.tcpNoDelay.
+        sock = getattr(self._conn.transport, "socket", None)
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._subs: dict[str, str] = {}
 
     # -- consuming -------------------------------------------------------------------------
