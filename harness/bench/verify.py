@@ -101,15 +101,20 @@ def bench_size(events: int, work: Path, in_process_max: int) -> dict[str, Any]:
     verdict = Verdict.from_dict(sp["verdict"])
     truth = {k: v for k, v in manifest["ground_truth"].items() if v}
     row |= {k: sp[k] for k in ("jvm_start_s", "driver_rss_mb", "driver_heap_peak_mb")}
-    row |= {"job_s": verdict.timing["job_s"], "phases": {k: v for k, v in verdict.timing.items()
-                                                          if k not in ("job_s", "jvm_start_s")}}
+    row |= {
+        "job_s": verdict.timing["job_s"],
+        "phases": {k: v for k, v in verdict.timing.items() if k not in ("job_s", "jvm_start_s")},
+    }
     row["events_per_s"] = int(manifest["events"] / verdict.timing["job_s"])
     row["truth_found"] = verdict.found() == truth
     if manifest["events"] <= in_process_max:
         ip = _run_child("in-process", run)
         local = Verdict.from_dict(ip["verdict"])
-        row |= {"in_process_s": local.timing["job_s"], "in_process_rss_mb": ip["rss_mb"],
-                "engines_agree": compare_verdicts(local, verdict) == []}
+        row |= {
+            "in_process_s": local.timing["job_s"],
+            "in_process_rss_mb": ip["rss_mb"],
+            "engines_agree": compare_verdicts(local, verdict) == [],
+        }
     return row
 
 
@@ -120,7 +125,8 @@ def _yes(flag: object) -> str:
 def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"Command: `{command}` on this machine ({os.cpu_count()} cores, Spark `local[*]`, driver 2 GiB).",
         f"Load average when the run ended (1/5/15 min): {load}; anything above ~2 means other work shared the cores.",
         "Spark runs in a fresh child process per size: JVM start, then one cold `txchaos verify` job.",
@@ -137,8 +143,12 @@ def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
             f"| {'yes' if r['truth_found'] else 'NO'} | {r.get('in_process_s', '-')} "
             f"| {r.get('in_process_rss_mb', '-')} | {_yes(r.get('engines_agree'))} |"
         )
-    lines += ["", "Spark job phases (s): " + "; ".join(
-        f"{r['events']:,}: " + ", ".join(f"{k}={v}" for k, v in r["phases"].items()) for r in rows), ""]
+    lines += [
+        "",
+        "Spark job phases (s): "
+        + "; ".join(f"{r['events']:,}: " + ", ".join(f"{k}={v}" for k, v in r["phases"].items()) for r in rows),
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -150,7 +160,7 @@ def write_section(doc: Path, section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
+        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
     doc.write_text(text)
 
 
@@ -172,8 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(bench_size(size, args.work, int(args.in_process_max)))
         console.print(rows[-1])
     table = Table(title="ledger verification")
-    cols = ("events", "synth_s", "jvm_start_s", "job_s", "events_per_s", "driver_rss_mb",
-            "driver_heap_peak_mb", "truth_found", "in_process_s", "engines_agree")
+    cols = (
+        "events",
+        "synth_s",
+        "jvm_start_s",
+        "job_s",
+        "events_per_s",
+        "driver_rss_mb",
+        "driver_heap_peak_mb",
+        "truth_found",
+        "in_process_s",
+        "engines_agree",
+    )
     for col in cols:
         table.add_column(col)
     for r in rows:

@@ -77,8 +77,7 @@ class BucketWriter:
         self._map = file_bucket_table(n_buckets)
         root.mkdir(parents=True, exist_ok=True)
         self._writers = [
-            pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd")
-            for b in range(n_buckets)
+            pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd") for b in range(n_buckets)
         ]
 
     def write(self, table: pa.Table) -> None:
@@ -94,8 +93,13 @@ class BucketWriter:
     def close(self, events: int) -> None:
         for w in self._writers:
             w.close()
-        meta = {"version": SCHEMA_VERSION, "n_buckets": self.n_buckets, "bucket_column": "op_bucket",
-                "op_buckets": OP_BUCKETS, "events": events}
+        meta = {
+            "version": SCHEMA_VERSION,
+            "n_buckets": self.n_buckets,
+            "bucket_column": "op_bucket",
+            "op_buckets": OP_BUCKETS,
+            "events": events,
+        }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
 
 

@@ -51,8 +51,15 @@ KIND_TABLE = np.array([[KINDS.index(k) for k in b] + [-1] * (_WIDTH - len(b)) fo
 BLOCK_LEN = np.array([len(b) for b in BLOCKS.values()])
 
 INJECTED = (
-    "lost", "duplicate-effect", "duplicate-external-call", "orphan-effect", "stuck", "dead-lettered",
-    "dead-lettered-with-effect", "never-dead-lettered-poison", "in-doubt",
+    "lost",
+    "duplicate-effect",
+    "duplicate-external-call",
+    "orphan-effect",
+    "stuck",
+    "dead-lettered",
+    "dead-lettered-with-effect",
+    "never-dead-lettered-poison",
+    "in-doubt",
 )
 ALSO_EXPECTED = {"never-dead-lettered-poison": ("stuck",)}
 STAGES, WORKERS_PER_STAGE = 3, 3
@@ -68,8 +75,9 @@ EVENTS_PER_OP = 11.5  # measured mean of the mix below; sizes the op count for a
 def _ops_plan(rng: np.random.Generator, n: int, rate: float) -> dict[str, Any]:
     """Draw per-operation choices: class (-1 normal), head and tail blocks, stage count."""
     cls = np.where(rng.random(n) < rate, rng.integers(0, len(INJECTED), n), -1)
-    head = rng.choice([BLOCK_IDS["submit"], BLOCK_IDS["prepare_submit"], BLOCK_IDS["prepare_abort"]],
-                      n, p=[0.895, 0.1, 0.005])
+    head = rng.choice(
+        [BLOCK_IDS["submit"], BLOCK_IDS["prepare_submit"], BLOCK_IDS["prepare_abort"]], n, p=[0.895, 0.1, 0.005]
+    )
     tail = np.full(n, BLOCK_IDS["tail"])
     stages = rng.choice([1, 2, 3], n, p=[0.5, 0.3, 0.2])
     stages[head == BLOCK_IDS["prepare_abort"]] = 0
@@ -154,8 +162,9 @@ def _take(values: list[str | None], codes: I64) -> pa.Array:
     return pc.take(pa.array(values, pa.string()), pa.array(codes))
 
 
-def _chunk(rng: np.random.Generator, first_op: int, n: int, rate: float, t_end: int,
-           seq: _Seq) -> tuple[pa.Table, dict[str, Any]]:
+def _chunk(
+    rng: np.random.Generator, first_op: int, n: int, rate: float, t_end: int, seq: _Seq
+) -> tuple[pa.Table, dict[str, Any]]:
     """Return one chunk of operations' events (sorted by op) and its plan."""
     plan = _ops_plan(rng, n, rate)
     ops, order, types, stage_of = _blocks(rng, plan)
@@ -182,23 +191,27 @@ def _chunk(rng: np.random.Generator, first_op: int, n: int, rate: float, t_end: 
     attempt = np.where(in_stage, (order[ev] - 1) % 64 + 1, 0)
     op_ids = pc.take(_op_ids(first_op, n), pa.array(op))
     is_deliver = kind == KINDS.index(K.DELIVER)
-    table = pa.table({
-        "ts_ns": pa.array(ts),
-        "src": pc.take(SRC_NAMES, pa.array(src)),
-        "pid": pa.array((1000 + src).astype(np.int32)),
-        "seq": pa.array(seq.assign(src)),
-        "kind": pc.take(KIND_NAMES, pa.array(kind)),
-        "op": op_ids,
-        "msg": pc.binary_join_element_wise(op_ids, _take(["#0", "#1", "#2", None], np.where(in_stage, stage, 3)), ""),
-        "stage": _take(["stage-0", "stage-1", "stage-2", None], np.where(in_stage, stage, 3)),
-        "dest": _take(["orders", "payments", "shipping", None], np.where(in_stage, stage, 3)),
-        "attempt": pa.array(attempt.astype(np.int32), mask=~in_stage),
-        "point": _take([None, "before_db_commit"], (kind == KINDS.index(K.CRASH)).astype(np.int64)),
-        "partition": pa.nulls(len(ts), pa.int32()),
-        "offset": pa.nulls(len(ts), pa.int64()),
-        "detail": _take(["{}", '{"redelivered": true}'], (is_deliver & (attempt > 1)).astype(np.int64)),
-        "op_bucket": pa.array((((first_op + op) * 2654435761) % OP_BUCKETS).astype(np.int32)),
-    })
+    table = pa.table(
+        {
+            "ts_ns": pa.array(ts),
+            "src": pc.take(SRC_NAMES, pa.array(src)),
+            "pid": pa.array((1000 + src).astype(np.int32)),
+            "seq": pa.array(seq.assign(src)),
+            "kind": pc.take(KIND_NAMES, pa.array(kind)),
+            "op": op_ids,
+            "msg": pc.binary_join_element_wise(
+                op_ids, _take(["#0", "#1", "#2", None], np.where(in_stage, stage, 3)), ""
+            ),
+            "stage": _take(["stage-0", "stage-1", "stage-2", None], np.where(in_stage, stage, 3)),
+            "dest": _take(["orders", "payments", "shipping", None], np.where(in_stage, stage, 3)),
+            "attempt": pa.array(attempt.astype(np.int32), mask=~in_stage),
+            "point": _take([None, "before_db_commit"], (kind == KINDS.index(K.CRASH)).astype(np.int64)),
+            "partition": pa.nulls(len(ts), pa.int32()),
+            "offset": pa.nulls(len(ts), pa.int64()),
+            "detail": _take(["{}", '{"redelivered": true}'], (is_deliver & (attempt > 1)).astype(np.int64)),
+            "op_bucket": pa.array((((first_op + op) * 2654435761) % OP_BUCKETS).astype(np.int32)),
+        }
+    )
     return table, plan
 
 
@@ -219,20 +232,22 @@ def _run_rows(
     rows.append((t_end + 10**12, 0, K.RUN_END, None))
     src = np.array([r[1] for r in rows], np.int64)
     n = len(rows)
-    table = pa.table({
-        "ts_ns": pa.array([r[0] for r in rows], pa.int64()),
-        "src": pc.take(SRC_NAMES, pa.array(src)),
-        "pid": pa.array((1000 + src).astype(np.int32)),
-        "seq": pa.array(seq.assign(src)),
-        "kind": pa.array([str(r[2]) for r in rows]),
-        **{c: pa.nulls(n, pa.string()) for c in ("op", "msg", "stage", "dest")},
-        "attempt": pa.nulls(n, pa.int32()),
-        "point": pa.array([r[3] for r in rows], pa.string()),
-        "partition": pa.nulls(n, pa.int32()),
-        "offset": pa.nulls(n, pa.int64()),
-        "detail": pa.array(["{}"] * n),
-        "op_bucket": pa.array(np.zeros(n, np.int32)),
-    })
+    table = pa.table(
+        {
+            "ts_ns": pa.array([r[0] for r in rows], pa.int64()),
+            "src": pc.take(SRC_NAMES, pa.array(src)),
+            "pid": pa.array((1000 + src).astype(np.int32)),
+            "seq": pa.array(seq.assign(src)),
+            "kind": pa.array([str(r[2]) for r in rows]),
+            **{c: pa.nulls(n, pa.string()) for c in ("op", "msg", "stage", "dest")},
+            "attempt": pa.nulls(n, pa.int32()),
+            "point": pa.array([r[3] for r in rows], pa.string()),
+            "partition": pa.nulls(n, pa.int32()),
+            "offset": pa.nulls(n, pa.int64()),
+            "detail": pa.array(["{}"] * n),
+            "op_bucket": pa.array(np.zeros(n, np.int32)),
+        }
+    )
     return table, windows
 
 
@@ -272,11 +287,20 @@ def synth_run(out_dir: Path, events: int, seed: int, anomaly_rate: float = 1e-3)
     written += run_rows.num_rows
     writer.close(written)
     manifest = {
-        "run_id": out_dir.name, "scenario": "synthetic", "seed": seed, "synthetic": True,
-        "events": written, "operations": n_ops, "anomaly_rate": anomaly_rate,
-        "ground_truth": truth, "ground_truth_sample": sample, "fault_windows": windows,
+        "run_id": out_dir.name,
+        "scenario": "synthetic",
+        "seed": seed,
+        "synthetic": True,
+        "events": written,
+        "operations": n_ops,
+        "anomaly_rate": anomaly_rate,
+        "ground_truth": truth,
+        "ground_truth_sample": sample,
+        "fault_windows": windows,
         "contract": {"expects_downstream": True, "max_external_calls": 1, "max_deliveries": 10},
-        "ledger_schema": SCHEMA_VERSION, "started_at": started, "ended_at": time.time(),
+        "ledger_schema": SCHEMA_VERSION,
+        "started_at": started,
+        "ended_at": time.time(),
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out_dir

@@ -15,7 +15,7 @@ from harness.errors import ConfigError
 PROFILES = {"dev": 8, "ci": 15, "nightly": 200}
 _COMMON = {
     "deadline": None,
-    "stateful_step_count": 8,
+    "stateful_step_count": 5,  # each step is real work; short programs shrink in far fewer runs
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     "phases": [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     "print_blob": True,

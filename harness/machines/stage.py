@@ -14,6 +14,7 @@ Subclass, or bind one with ``stage_machine(spec, endpoints)``:
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -41,11 +42,17 @@ class StageMachine(RuleBasedStateMachine):
     last_steps: ClassVar[list[str]] = []
     last_result: ClassVar[RunResult | None] = None
     examples: ClassVar[int] = 0
+    # When the first counterexample appeared (example number, seconds since the first example):
+    # the rest of the examples are Hypothesis shrinking it.
+    found_at: ClassVar[tuple[int, float] | None] = None
+    started_at: ClassVar[float | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
         cls.examples += 1
+        if cls.started_at is None:
+            cls.started_at = time.monotonic()
         cls.last_steps = []
         spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=20.0)
         self.run = RunSession(spec, cls.endpoints).open()
@@ -62,11 +69,11 @@ class StageMachine(RuleBasedStateMachine):
         self._step(f"submit({n})")
         self.run.submit(n)
 
-    @rule(point=st.sampled_from(CRASH_POINTS), ahead=st.integers(min_value=0, max_value=2))
-    def arm_crash(self, point: str, ahead: int) -> None:
-        """Kill the worker at ``point`` on the operation submitted ``ahead`` submissions from now."""
-        self._step(f"arm_crash({point!r}, ahead={ahead})")
-        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops) + ahead))
+    @rule(point=st.sampled_from(CRASH_POINTS))
+    def arm_crash(self, point: str) -> None:
+        """Kill the worker at ``point`` while it processes the next operation submitted."""
+        self._step(f"arm_crash({point!r})")
+        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops)))
 
     @rule(proxy=st.sampled_from(PROXIES), latency_ms=st.sampled_from([20, 150]))
     def slow_network(self, proxy: str, latency_ms: int) -> None:
@@ -89,10 +96,23 @@ class StageMachine(RuleBasedStateMachine):
         self.toxics.clear()
 
     # -- invariants ----------------------------------------------------------------------------
+    def _violated(self, message: str) -> None:
+        """Fail the example. One raise site on purpose: Hypothesis tells failures apart by where
+        they are raised, and the same anomaly seen by the step invariant or by the final verdict
+        must shrink as one bug, not as two."""
+        cls = type(self)
+        if cls.found_at is None and cls.started_at is not None:
+            cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
+        raise AssertionError(message)
+
     @invariant()
     def no_duplicate_effect(self) -> None:
         duplicated = self.run.duplicate_effects()
-        assert not duplicated, f"duplicate-effect on {duplicated} (run folder {self.run.folder.path})"
+        if duplicated:
+            self._violated(
+                f"duplicate-effect on {duplicated}\nrun folder: {self.run.folder.path}\nseed: {self.run.spec.seed}\n"
+                f"steps: {' -> '.join(type(self).last_steps)}"
+            )
 
     def teardown(self) -> None:
         try:
@@ -102,10 +122,11 @@ class StageMachine(RuleBasedStateMachine):
         type(self).last_result = result
         verdict = result.verdict
         note(f"verdict: {verdict.headline()}")
-        assert verdict.clean, (
-            f"{verdict.headline()}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
-            f"steps: {' -> '.join(type(self).last_steps)}"
-        )
+        if not verdict.clean:
+            self._violated(
+                f"{verdict.headline()}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
+                f"steps: {' -> '.join(type(self).last_steps)}"
+            )
 
 
 def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[StageMachine]:
@@ -116,6 +137,14 @@ def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> typ
             hint="pass the txchaos_stack fixture's value",
         )
     name = f"{spec.name.title().replace('_', '')}{spec.variant.title().replace('-', '')}Machine"
-    namespace: dict[str, Any] = {"spec": spec, "endpoints": endpoints, "last_steps": [], "examples": 0, **attrs}
+    namespace: dict[str, Any] = {
+        "spec": spec,
+        "endpoints": endpoints,
+        "last_steps": [],
+        "examples": 0,
+        "found_at": None,
+        "started_at": None,
+        **attrs,
+    }
     namespace["__module__"] = os.environ.get("TXCHAOS_MACHINE_MODULE", __name__)
     return type(name, (StageMachine,), namespace)

@@ -83,8 +83,7 @@ def ensure_allure(cache_dir: Path) -> Path:
             raise _fail(
                 f"npm install {spec} failed (exit {proc.returncode})",
                 proc.stderr or proc.stdout,
-                "check `npm ping` and the npm proxy settings, then rerun; "
-                f"delete {prefix} if the install is corrupt",
+                f"check `npm ping` and the npm proxy settings, then rerun; delete {prefix} if the install is corrupt",
             )
         if not exe.is_file():
             raise _fail(

@@ -100,11 +100,7 @@ def order_ops(events: pa.Table, highlight: Iterable[str] | None = None, *, limit
     ops = events.filter(pc.is_valid(events.column("op")))
     if ops.num_rows == 0:
         return []
-    firsts = (
-        ops.group_by("op")
-        .aggregate([("ts_ns", "min")])
-        .sort_by([("ts_ns_min", "ascending"), ("op", "ascending")])
-    )
+    firsts = ops.group_by("op").aggregate([("ts_ns", "min")]).sort_by([("ts_ns_min", "ascending"), ("op", "ascending")])
     ordered: list[str] = firsts.column("op").to_pylist()
     wanted = set(highlight or ())
     return ([op for op in ordered if op in wanted] + [op for op in ordered if op not in wanted])[:limit]
@@ -286,8 +282,9 @@ def render_run(run_dir: Path) -> Path | None:
     out = plot_timeline(events, run_dir / "timeline.png", title=title, highlight={w.op for w in verdict.witnesses})
     submit_ns: dict[str, int] = {}
     latencies: list[float] = []
-    for op, kind, ts in zip(events["op"].to_pylist(), events["kind"].to_pylist(), events["ts_ns"].to_pylist(),
-                            strict=True):
+    for op, kind, ts in zip(
+        events["op"].to_pylist(), events["kind"].to_pylist(), events["ts_ns"].to_pylist(), strict=True
+    ):
         if kind == Kind.SUBMIT and op is not None:
             submit_ns.setdefault(op, ts)
         elif kind == Kind.DOWNSTREAM and op in submit_ns:

@@ -236,7 +236,8 @@ class RunSession:
     def _drain_residue(self) -> None:
         ep = self.endpoints.stomp
         with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
-            for msg in drain(client, [self.input_queue], idle_s=0.3):
+            # A queue that stays empty this long after the workers are gone is empty.
+            for msg in drain(client, [self.input_queue], idle_s=min(0.3, max(0.1, self.spec.settle_s))):
                 self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=self.input_queue)
         self.folder.step(f"drain residue of {self.input_queue}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 
 from harness.clients.activemq import Message, StompClient, dlq_name
@@ -39,7 +40,7 @@ class Sink:
         self.received = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._idle = threading.Event()
+        self._last = time.monotonic()  # when a message last arrived (or the sink started)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sink", daemon=True)
 
@@ -69,17 +70,16 @@ class Sink:
         with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink", heartbeats=(0, 0)) as client:
             subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
             while not self._stop.is_set():
-                msg = client.receive(0.1)
+                msg = client.receive(0.05)
                 if msg is None:
-                    self._idle.set()
                     continue
-                self._idle.clear()
                 queue = subs.get(msg.subscription, "")
                 op = op_of(msg)
                 kind = self.queues.get(queue, Kind.DOWNSTREAM)
                 self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
                 client.ack(msg)
                 with self._lock:
+                    self._last = time.monotonic()
                     self.received += 1
                     if op:
                         self.seen[op] += 1
@@ -94,8 +94,13 @@ class Sink:
 
     def stop(self, *, idle_s: float = 0.3) -> None:
         """Wait until nothing arrived for ``idle_s`` (bounded), then stop consuming."""
-        self._idle.clear()
-        self._idle.wait(max(idle_s, 0.1) * 10)
+        deadline = time.monotonic() + max(idle_s, 0.1) * 10
+        while time.monotonic() < deadline and self._thread.is_alive():
+            with self._lock:
+                quiet = time.monotonic() - self._last
+            if quiet >= idle_s:
+                break
+            time.sleep(min(0.02, idle_s - quiet))
         self._stop.set()
         self._thread.join(10)
         self.check()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -11,15 +10,16 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.stack.procs import Managed, spawn, stop
+from harness.run.standby import STANDBY
+from harness.stack.procs import Managed, stop
 from harness.worker.spec import WorkerSpec
 
 
 class WorkerPool:
     """Keep ``specs`` running as OS processes until ``stop``; restarts are recorded in the ledger.
 
-    The monitor thread both watches and respawns, so it outlives every child it starts
-    (children die with the thread that spawned them: PDEATHSIG).
+    Workers are started from pre-imported standby interpreters (``harness.run.standby``), so a
+    restart after a crash costs tens of milliseconds, not the half second of a cold start.
     """
 
     def __init__(
@@ -57,11 +57,11 @@ class WorkerPool:
 
     def _spawn(self, spec: WorkerSpec) -> None:
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
-        self.procs[spec.name] = spawn(
-            [sys.executable, "-m", "harness.worker", str(spec_path)],
+        self.procs[spec.name] = STANDBY.start_worker(
+            spec_path,
+            self.run_dir / "logs" / f"{spec.name}.log",
             name=spec.name,
             tag=f"run/{self.run_dir.name}/{spec.name}",
-            log_path=self.run_dir / "logs" / f"{spec.name}.log",
         )
 
     def _monitor(self) -> None:
@@ -83,9 +83,11 @@ class WorkerPool:
                 self._spawn(spec)
             self._stopping.wait(0.02)
         for proc in self.procs.values():
-            stop(proc, timeout=5)
+            # At quiescence a graceful stop protects nothing: a message still in flight goes back to
+            # the queue either way and is drained as residue. SIGKILL saves ~0.3 s per run.
+            stop(proc, timeout=5, sig=signal.SIGKILL)
 
     def stop(self) -> None:
-        """Stop every worker (SIGTERM, then SIGKILL) and wait for the monitor to finish."""
+        """Stop every worker (SIGKILL) and wait for the monitor to finish."""
         self._stopping.set()
         self._thread.join(30)

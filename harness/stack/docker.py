@@ -448,8 +448,11 @@ def _activemq_errors(spec: Mapping[str, Any]) -> list[str]:
 def _postgres_errors(spec: Mapping[str, Any]) -> list[str]:
     errors: list[str] = []
     env = _env(spec)
-    for key, value in (("POSTGRES_USER", topo.DB_USER), ("POSTGRES_PASSWORD", topo.DB_PASSWORD),
-                       ("POSTGRES_DB", topo.DB_NAME)):
+    for key, value in (
+        ("POSTGRES_USER", topo.DB_USER),
+        ("POSTGRES_PASSWORD", topo.DB_PASSWORD),
+        ("POSTGRES_DB", topo.DB_NAME),
+    ):
         if env.get(key) != value:
             errors.append(f"postgres: {key}={env.get(key)!r}, expected {value!r}")
     if "fsync=off" not in _command(spec).split():

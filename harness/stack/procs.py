@@ -95,11 +95,12 @@ def spawn(
     cwd: Path | None = None,
     user: str | None = None,
     detached: bool = False,
+    stdin_pipe: bool = False,
 ) -> Managed:
     """Start ``argv`` in a new process group with output to ``log_path``, and record it.
 
     Call it from a thread that outlives the child (the main thread): PDEATHSIG fires when the
-    spawning *thread* exits.
+    spawning *thread* exits. ``stdin_pipe`` gives the child a pipe on stdin (``popen.stdin``).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
@@ -108,7 +109,7 @@ def spawn(
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,

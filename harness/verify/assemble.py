@@ -213,8 +213,10 @@ def compare_verdicts(a: Verdict, b: Verdict) -> list[str]:
     wa = {(w.anomaly, w.op): w for w in a.witnesses}
     wb = {(w.anomaly, w.op): w for w in b.witnesses}
     if set(wa) != set(wb):
-        diffs.append(f"witnesses only in {a.engine}: {sorted(set(wa) - set(wb))[:5]}; "
-                     f"only in {b.engine}: {sorted(set(wb) - set(wa))[:5]}")
+        diffs.append(
+            f"witnesses only in {a.engine}: {sorted(set(wa) - set(wb))[:5]}; "
+            f"only in {b.engine}: {sorted(set(wb) - set(wa))[:5]}"
+        )
     for key in sorted(set(wa) & set(wb)):
         if wa[key] != wb[key]:
             diffs.append(f"witness {key} differs")

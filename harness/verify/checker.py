@@ -107,15 +107,23 @@ def _overlap(first: I64, last: I64, valid: npt.NDArray[np.bool_], w: FaultWindow
 
 
 def _writers(events: pa.Table) -> dict[tuple[str, int, str, bool], tuple[int, int, int]]:
-    t = pa.table({"src": events["src"], "pid": events["pid"], "kind": events["kind"],
-                  "has_op": pc.is_valid(events["op"]), "seq": events["seq"]})
+    t = pa.table(
+        {
+            "src": events["src"],
+            "pid": events["pid"],
+            "kind": events["kind"],
+            "has_op": pc.is_valid(events["op"]),
+            "seq": events["seq"],
+        }
+    )
     g = t.group_by(["src", "pid", "kind", "has_op"]).aggregate([("seq", "count"), ("seq", "min"), ("seq", "max")])
-    return {(r["src"], r["pid"], r["kind"], r["has_op"]): (r["seq_count"], r["seq_min"], r["seq_max"])
-            for r in g.to_pylist()}
+    return {
+        (r["src"], r["pid"], r["kind"], r["has_op"]): (r["seq_count"], r["seq_min"], r["seq_max"])
+        for r in g.to_pylist()
+    }
 
 
-def aggregate(events: pa.Table, summary: pa.Table, hits: dict[str, pa.Table],
-              windows: list[FaultWindow]) -> Aggregates:
+def aggregate(events: pa.Table, summary: pa.Table, hits: dict[str, pa.Table], windows: list[FaultWindow]) -> Aggregates:
     """Return the engine-independent aggregates of a ledger and its operation summary."""
     d, redelivered = _np(summary["deliveries"]), _np(summary["redeliveries"])
     sub, down = summary["submit_ns"], summary["downstream_ns"]
@@ -160,8 +168,11 @@ def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
 
 def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
     kinds = pa.array([str(Kind.FAULT_START), str(Kind.FAULT_END)])
-    rows: list[dict[str, Any]] = events.filter(pc.is_in(events["kind"], value_set=kinds)).select(
-        ["ts_ns", "src", "seq", "kind", "point"]).to_pylist()
+    rows: list[dict[str, Any]] = (
+        events.filter(pc.is_in(events["kind"], value_set=kinds))
+        .select(["ts_ns", "src", "seq", "kind", "point"])
+        .to_pylist()
+    )
     return rows
 
 
@@ -179,8 +190,13 @@ def check_table(events: pa.Table, contract: FlowContract, *, scenario: str = "",
     chains = _chains(events, {row["op"] for row in flagged})
     agg = aggregate(events, summary, hits, windows)
     return make_verdict(
-        agg, build_witnesses(flagged, chains, windows), windows, unmatched,
-        engine="in-process", scenario=scenario, seed=seed,
+        agg,
+        build_witnesses(flagged, chains, windows),
+        windows,
+        unmatched,
+        engine="in-process",
+        scenario=scenario,
+        seed=seed,
         timing={"job_s": round(time.perf_counter() - started, 4)},
     )
 

@@ -45,8 +45,10 @@ def synth_main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     run = synth_run(args.out, args.events, args.seed, args.anomaly_rate)
     manifest = json.loads((run / "manifest.json").read_text())
-    sys.stdout.write(f"wrote {run} ({manifest['events']:,} events, {manifest['operations']:,} operations) "
-                     f"in {time.perf_counter() - started:.1f}s; injected {manifest['ground_truth']}\n")
+    sys.stdout.write(
+        f"wrote {run} ({manifest['events']:,} events, {manifest['operations']:,} operations) "
+        f"in {time.perf_counter() - started:.1f}s; injected {manifest['ground_truth']}\n"
+    )
     return 0
 
 
@@ -65,12 +67,16 @@ def contract_of(run_dir: Path) -> FlowContract:
 def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = None) -> Verdict:
     """Verify one run folder with the chosen engine and write its ``verdict.json``."""
     if not run_dir.is_dir():
-        raise ConfigError(f"run folder {run_dir} does not exist",
-                          hint="pass the folder of one run, e.g. reports/runs/<run-id>, "
-                               "or make one with `txchaos ledger synth --events 1e6 --out DIR`")
+        raise ConfigError(
+            f"run folder {run_dir} does not exist",
+            hint="pass the folder of one run, e.g. reports/runs/<run-id>, "
+            "or make one with `txchaos ledger synth --events 1e6 --out DIR`",
+        )
     if not (run_dir / "ledger").is_dir():
-        raise ConfigError(f"{run_dir} has no ledger/ folder",
-                          hint="pass a run folder (it holds ledger/segments or ledger/events.parquet)")
+        raise ConfigError(
+            f"{run_dir} has no ledger/ folder",
+            hint="pass a run folder (it holds ledger/segments or ledger/events.parquet)",
+        )
     manifest = run_dir / "manifest.json"
     meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
     scenario, seed, contract = str(meta.get("scenario", "")), meta.get("seed"), contract_of(run_dir)

@@ -103,8 +103,9 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, list[
     parquet = ledger_dir / PARQUET_NAME
     if not parquet.exists():
         if not (ledger_dir / "segments").is_dir():
-            raise ConfigError(f"no ledger in {ledger_dir}",
-                              hint="pass a run folder holding ledger/segments or ledger/events.parquet")
+            raise ConfigError(
+                f"no ledger in {ledger_dir}", hint="pass a run folder holding ledger/segments or ledger/events.parquet"
+            )
         compact(ledger_dir)
     layout = read_layout(parquet) if parquet.is_dir() else None
     if layout is None:
@@ -125,8 +126,10 @@ def summarize(events: DataFrame, keys: list[str], contract: FlowContract) -> tup
     in_span = ~kind.isin(*sorted(str(k) for k in SPAN_EXCLUDED))
     aggs = [F.count(F.lit(1)).alias("events")]
     aggs += [F.sum(F.when(kind == str(k), 1).otherwise(0)).cast("long").alias(n) for n, k in COUNTS.items()]
-    aggs += [F.sum(F.when((kind == str(k)) & (F.col("attempt") > above), 1).otherwise(0)).cast("long").alias(n)
-             for n, (k, above) in ATTEMPT_COUNTS.items()]
+    aggs += [
+        F.sum(F.when((kind == str(k)) & (F.col("attempt") > above), 1).otherwise(0)).cast("long").alias(n)
+        for n, (k, above) in ATTEMPT_COUNTS.items()
+    ]
     aggs += [F.min(F.when(kind == str(k), ts)).alias(n) for n, k in FIRST_TS.items()]
     aggs += [F.min(F.when(in_span, ts)).alias("first_ns"), F.max(F.when(in_span, ts)).alias("last_ns")]
     summary = events.where(F.col("op").isNotNull()).groupBy(*keys).agg(*aggs)
@@ -135,8 +138,11 @@ def summarize(events: DataFrame, keys: list[str], contract: FlowContract) -> tup
         summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
     diff = F.col("downstream_ns") - F.col("submit_ns")
     lat_us = F.when(diff >= 0, F.expr("(downstream_ns - submit_ns) div 1000"))
-    scale = reduce(lambda acc, bs: acc.when(lat_us < bs[0], bs[1]), LATENCY_SCALES[1:],
-                   F.when(lat_us < LATENCY_SCALES[0][0], LATENCY_SCALES[0][1])).otherwise(LATENCY_TOP_SCALE)
+    scale = reduce(
+        lambda acc, bs: acc.when(lat_us < bs[0], bs[1]),
+        LATENCY_SCALES[1:],
+        F.when(lat_us < LATENCY_SCALES[0][0], LATENCY_SCALES[0][1]),
+    ).otherwise(LATENCY_TOP_SCALE)
     summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", lat_us - lat_us % scale)
     return summary.withColumn("skew", F.when(diff < 0, 1).otherwise(0)), flags
 
@@ -148,8 +154,10 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
     span overlaps, then everything is summed by (w, latency bucket).
     """
     first, last = F.col("first_ns"), F.col("last_ns")
-    hits = [F.when(first.isNotNull() & (first <= w.end) & (last >= w.start_ns), F.lit(i))
-            for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS])]
+    hits = [
+        F.when(first.isNotNull() & (first <= w.end) & (last >= w.start_ns), F.lit(i))
+        for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS])
+    ]
     w_col = F.array(F.lit(-1), *hits) if hits else F.array(F.lit(-1))
     rows = summary.select(F.explode(F.filter(w_col, lambda x: x.isNotNull())).alias("w"), "*")
     d = F.col("deliveries")
@@ -173,9 +181,13 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
 def _flagged(summary: DataFrame, flags: dict[str, str], keys: list[str]) -> list[dict[str, Any]]:
     idx = F.array(*[F.when(F.col(c) == 1, F.lit(ANOMALY_CLASSES.index(cls))) for cls, c in flags.items()])
     cols = [*keys, *COUNTS, "first_ns", "last_ns"]
-    rows = (summary.where(reduce(lambda a, b: a | b, [F.col(c) == 1 for c in flags.values()]))
-            .select(F.explode(F.filter(idx, lambda x: x.isNotNull())).alias("cls"), *cols)
-            .orderBy("cls", "op").limit(MAX_WITNESSES).collect())
+    rows = (
+        summary.where(reduce(lambda a, b: a | b, [F.col(c) == 1 for c in flags.values()]))
+        .select(F.explode(F.filter(idx, lambda x: x.isNotNull())).alias("cls"), *cols)
+        .orderBy("cls", "op")
+        .limit(MAX_WITNESSES)
+        .collect()
+    )
     return [r.asDict() | {"anomaly": ANOMALY_CLASSES[r["cls"]]} for r in rows]
 
 
@@ -196,8 +208,12 @@ def _chains(events: DataFrame, flagged: list[dict[str, Any]]) -> dict[str, list[
 
 def _writers(events: DataFrame) -> list[dict[str, Any]]:
     # no op column here: reading 10M op strings just for a null check doubles this scan
-    return [r.asDict() for r in events.groupBy("src", "pid", "kind").agg(
-        F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi")).collect()]
+    return [
+        r.asDict()
+        for r in events.groupBy("src", "pid", "kind")
+        .agg(F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi"))
+        .collect()
+    ]
 
 
 def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows: list[dict[str, Any]]) -> Aggregates:
@@ -213,8 +229,12 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
         writers[(r["src"], int(r["pid"]), r["kind"], True)] = (int(r["n"]), int(r["lo"]), int(r["hi"]))
     lat_rows = [r for r in rows if r["lat_bucket"] is not None]
     hist = {k: total(f"h{k}") for k in range(DELIVERY_HIST_CAP + 1)}
-    overlays = {int(r["w"]): {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
-                | {cls: int(r[c]) for cls, c in flags.items()} for r in rows_all if r["w"] >= 0}
+    overlays = {
+        int(r["w"]): {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
+        | {cls: int(r[c]) for cls, c in flags.items()}
+        for r in rows_all
+        if r["w"] >= 0
+    }
     return Aggregates(
         writers=writers,
         operations=total("ops"),
@@ -252,8 +272,12 @@ def check_events(
     events, keys, table = load_events(spark, ledger_dir)
     try:
         fault_kinds = [str(Kind.FAULT_START), str(Kind.FAULT_END)]
-        fault_rows = [r.asDict() for r in events.where(F.col("kind").isin(fault_kinds))
-                      .select("ts_ns", "src", "seq", "kind", "point").collect()]
+        fault_rows = [
+            r.asDict()
+            for r in events.where(F.col("kind").isin(fault_kinds))
+            .select("ts_ns", "src", "seq", "kind", "point")
+            .collect()
+        ]
         windows, unmatched = pair_fault_windows(fault_rows)
         lap("faults_s")
         writers = _writers(events)

@@ -1,7 +1,12 @@
-"""Entry point of a worker process: ``python -m harness.worker SPEC.json``."""
+"""Entry point of a worker process.
+
+``python -m harness.worker SPEC.json`` runs a worker at once; ``python -m harness.worker --standby``
+imports the runtime, then waits for ``SPEC.json<TAB>LOG`` on stdin (see ``harness.run.standby``).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,11 +14,31 @@ from harness.worker.spec import WorkerSpec
 from harness.worker.stage import StageWorker
 
 
+def _await_hand_over() -> Path | None:
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None  # the harness closed the pipe: it no longer needs this standby
+    spec_path, _, log_path = line.partition("\t")
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    return Path(spec_path)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m harness.worker SPEC.json\n")
+    if argv == ["--standby"]:
+        spec_path = _await_hand_over()
+        if spec_path is None:
+            return 0
+    elif len(argv) == 1:
+        spec_path = Path(argv[0])
+    else:
+        sys.stderr.write("usage: python -m harness.worker SPEC.json | --standby\n")
         return 2
-    StageWorker(WorkerSpec.load(Path(argv[0]))).run()
+    StageWorker(WorkerSpec.load(spec_path)).run()
     return 0
 
 

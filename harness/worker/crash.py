@@ -63,18 +63,21 @@ class CrashPoints:
         self.run_dir, self.worker, self.ledger = run_dir, worker, ledger
         self.hits: Counter[str] = Counter()
         self._arms: list[CrashArm] = []
-        self._mtime = -1.0
+        self._stamp: tuple[int, int, int] | None = None
         (run_dir / "arms").mkdir(exist_ok=True)
 
     def _load(self) -> list[CrashArm]:
         path = self.run_dir / "arms.json"
         try:
-            mtime = path.stat().st_mtime
+            st = path.stat()
         except FileNotFoundError:
             return []
-        if mtime != self._mtime:
+        # mtime alone is not enough: coarse kernel timestamps give two writes in one tick the same
+        # mtime. write_arms replaces the file by rename, so the inode changes on every write.
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
             self._arms = [CrashArm(**a) for a in json.loads(path.read_text())]
-            self._mtime = mtime
+            self._stamp = stamp
         return self._arms
 
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:

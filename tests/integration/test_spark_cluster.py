@@ -46,8 +46,13 @@ def _daemon(cls: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     home = Path(pyspark.__file__).parent  # the wheel ships jars/ but no sbin start scripts
     cmd = ["java", "-Xmx512m", "-cp", f"{home / 'jars'}/*", cls, *args]
     # the worker builds its executors' command line from SPARK_HOME; the wheel has no build dirs to guess from
-    env = dict(os.environ, SPARK_HOME=str(home), SPARK_SCALA_VERSION="2.13", SPARK_LOCAL_IP="127.0.0.1",
-               PYSPARK_PYTHON=sys.executable)
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(home),
+        SPARK_SCALA_VERSION="2.13",
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+    )
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -59,15 +64,33 @@ def spark_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port, ui, wport, wui = (_free_port() for _ in range(4))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        master = _daemon("org.apache.spark.deploy.master.Master",
-                         ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], logs / "master.log")
+        master = _daemon(
+            "org.apache.spark.deploy.master.Master",
+            ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+            logs / "master.log",
+        )
         procs.append(master)
         _wait_port(port, master, logs / "master.log")
         url = f"spark://127.0.0.1:{port}"
-        worker = _daemon("org.apache.spark.deploy.worker.Worker",
-                         ["--host", "127.0.0.1", "--port", str(wport), "--webui-port", str(wui),
-                          "--cores", "2", "--memory", "1g", "--work-dir", str(logs / "work"), url],
-                         logs / "worker.log")
+        worker = _daemon(
+            "org.apache.spark.deploy.worker.Worker",
+            [
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(wport),
+                "--webui-port",
+                str(wui),
+                "--cores",
+                "2",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(logs / "work"),
+                url,
+            ],
+            logs / "worker.log",
+        )
         procs.append(worker)
         _wait_port(wport, worker, logs / "worker.log")
         yield url

@@ -104,14 +104,13 @@ def test_kafka_advertises_the_proxy_and_keeps_its_own_ports(compose: dict[str, A
     assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
 
 
-def test_kafka_env_agrees_with_server_properties(
-    compose: dict[str, Any], server_properties: dict[str, str]
-) -> None:
+def test_kafka_env_agrees_with_server_properties(compose: dict[str, Any], server_properties: dict[str, str]) -> None:
     env = compose["services"]["kafka"]["environment"]
     assert env["KAFKA_PROCESS_ROLES"] == server_properties["process.roles"] == "broker,controller"
     assert env["KAFKA_NODE_ID"] == server_properties["node.id"] == "1"
-    assert "./fixtures/kafka/server.properties:/mnt/shared/config/server.properties:ro" in (
-        compose["services"]["kafka"]["volumes"]
+    assert (
+        "./fixtures/kafka/server.properties:/mnt/shared/config/server.properties:ro"
+        in (compose["services"]["kafka"]["volumes"])
     )
 
 
@@ -204,12 +203,20 @@ def _no_healthcheck(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (_set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://127.0.0.1:9092,INTERNAL://kafka:29092"),
-         "advertised EXTERNAL"),
-        (_set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://kafka:9092,INTERNAL://kafka:29092"),
-         "advertised EXTERNAL"),
-        (_set_kafka_env("KAFKA_LISTENERS", "EXTERNAL://0.0.0.0:9092,INTERNAL://0.0.0.0:29094,"
-                                           "CONTROLLER://0.0.0.0:29093"), "listeners"),
+        (
+            _set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://127.0.0.1:9092,INTERNAL://kafka:29092"),
+            "advertised EXTERNAL",
+        ),
+        (
+            _set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://kafka:9092,INTERNAL://kafka:29092"),
+            "advertised EXTERNAL",
+        ),
+        (
+            _set_kafka_env(
+                "KAFKA_LISTENERS", "EXTERNAL://0.0.0.0:9092,INTERNAL://0.0.0.0:29094,CONTROLLER://0.0.0.0:29093"
+            ),
+            "listeners",
+        ),
         (_set_kafka_env("KAFKA_INTER_BROKER_LISTENER_NAME", "EXTERNAL"), "KAFKA_INTER_BROKER_LISTENER_NAME"),
         (_set_kafka_env("KAFKA_NUM_PARTITIONS", "1"), "contradicts server.properties num.partitions"),
         (_publish_postgres, "postgres: publishes"),
@@ -237,9 +244,7 @@ def test_comparison_reports_drift(
     assert any(expected in e for e in errors), errors
 
 
-def test_wrong_kafka_advertised_port_is_reported(
-    compose: dict[str, Any], proxies: list[dict[str, Any]]
-) -> None:
+def test_wrong_kafka_advertised_port_is_reported(compose: dict[str, Any], proxies: list[dict[str, Any]]) -> None:
     broken = copy.deepcopy(compose)
     env = _kafka_env(broken)
     env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(":19092", ":19093")
@@ -306,9 +311,7 @@ class _FakeCompose:
         return "".join(f"{s}-1  | line {i}\n" for s in services for i in range(100)), ""
 
 
-def _provider(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containers: list[_FakeContainer]
-) -> DockerProvider:
+def _provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containers: list[_FakeContainer]) -> DockerProvider:
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
     monkeypatch.delenv("COMPOSE_PROJECT_NAME", raising=False)
     provider = DockerProvider(start_timeout_s=0.2, poll_s=0.05)

@@ -63,3 +63,19 @@ def test_nth_hit_and_worker_filter(tmp_path: Path) -> None:
     assert fired_arms(tmp_path) == {"third"}
     crash = [r for r in read_segments(tmp_path / "ledger").to_pylist() if r["kind"] == "crash"]
     assert [c["op"] for c in crash] == ["op2"]  # the 3rd hit is the 3rd operation
+
+
+def test_arms_rewritten_within_one_clock_tick_are_seen(tmp_path: Path) -> None:
+    """A worker must see new arms even when both writes share an mtime (coarse timestamps)."""
+    import os
+
+    from harness.ledger.writer import LedgerWriter
+    from harness.worker.crash import CrashPoints
+
+    write_arms(tmp_path, [])
+    points = CrashPoints(tmp_path, "worker-0", LedgerWriter(tmp_path / "ledger", "w"))
+    points.reach("before_db_commit", op="op0")  # caches the empty arm list
+    before = (tmp_path / "arms.json").stat()
+    write_arms(tmp_path, [CrashArm(id="a", point="after_db_commit", op="op9")])
+    os.utime(tmp_path / "arms.json", ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime as before
+    assert [a.id for a in points._load()] == ["a"]

@@ -81,8 +81,12 @@ def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
         add(0, "driver", Kind.SUBMIT, dest="orders")
     if c == "never-delivered":
         return ev
-    attempts = {"redelivered": 2, "duplicate-effect": 2, "duplicate-external-call": 2,
-                "never-dead-lettered-poison": 12}.get(c, 1)
+    attempts = {
+        "redelivered": 2,
+        "duplicate-effect": 2,
+        "duplicate-external-call": 2,
+        "never-dead-lettered-poison": 12,
+    }.get(c, 1)
     for a in range(1, attempts + 1):
         t = 100 if a == 1 else 700 + a
         msg = f"ID:{name}"
@@ -103,10 +107,13 @@ def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
             add(t + 6, "worker-0", Kind.BROKER_COMMIT, msg=msg, attempt=a)
     sink_t = 900 - (5000 if op.skew else 0)
     tail = {
-        "lost": [], "lost-no-downstream": [Kind.RESIDUE_EFFECT],
+        "lost": [],
+        "lost-no-downstream": [Kind.RESIDUE_EFFECT],
         "duplicate-effect": [Kind.DOWNSTREAM, Kind.RESIDUE_EFFECT, Kind.RESIDUE_EFFECT],
-        "stuck": [Kind.RESIDUE_QUEUE], "never-dead-lettered-poison": [Kind.RESIDUE_QUEUE],
-        "dead-lettered": [Kind.DEAD_LETTER], "dead-lettered-with-effect": [Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT],
+        "stuck": [Kind.RESIDUE_QUEUE],
+        "never-dead-lettered-poison": [Kind.RESIDUE_QUEUE],
+        "dead-lettered": [Kind.DEAD_LETTER],
+        "dead-lettered-with-effect": [Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT],
     }.get(c, [Kind.DOWNSTREAM, Kind.RESIDUE_EFFECT])
     for k in tail:
         if k in (Kind.DOWNSTREAM, Kind.DEAD_LETTER):
@@ -127,8 +134,11 @@ def write_ledger(run: Path, ops: list[Op], windows: list[Window]) -> None:
     by_src: dict[str, list[dict[str, Any]]] = {}
     for ts, src, kind, cols in rows:
         out = by_src.setdefault(src, [])
-        row = dict.fromkeys(COLUMNS) | {"ts_ns": ts, "src": src, "pid": 100 + len(src), "seq": len(out),
-                                        "kind": str(kind), "detail": "{}"} | cols
+        row = (
+            dict.fromkeys(COLUMNS)
+            | {"ts_ns": ts, "src": src, "pid": 100 + len(src), "seq": len(out), "kind": str(kind), "detail": "{}"}
+            | cols
+        )
         out.append(row)
     for src, out in by_src.items():
         (seg / f"{src}-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
@@ -188,8 +198,11 @@ def test_engines_agree_and_find_every_injected_anomaly(
     assert local.stats["clock_skew_ops"] == sum(op.skew for op in ops if op.cls in both_ends)
     assert local.stats["seq_missing"] == 0
     assert local.stats["redeliveries"] == sum(
-        {"redelivered": 1, "duplicate-effect": 1, "duplicate-external-call": 1, "never-dead-lettered-poison": 11}
-        .get(op.cls, 0) for op in ops)
+        {"redelivered": 1, "duplicate-effect": 1, "duplicate-external-call": 1, "never-dead-lettered-poison": 11}.get(
+            op.cls, 0
+        )
+        for op in ops
+    )
     assert len(local.stats["fault_windows"]) == len(windows)
     for w in local.witnesses:
         i = int(w.op.split("-")[1])

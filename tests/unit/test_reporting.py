@@ -69,9 +69,7 @@ def _assert_png(path: Path) -> None:
 
 
 def test_plot_timeline_writes_png(tmp_path: Path) -> None:
-    out = plot_timeline(
-        _run_events(), tmp_path / "timeline.png", title="crash after db commit", highlight={"op-b"}
-    )
+    out = plot_timeline(_run_events(), tmp_path / "timeline.png", title="crash after db commit", highlight={"op-b"})
     assert out == tmp_path / "timeline.png"
     _assert_png(out)
 

@@ -67,8 +67,15 @@ def test_witness_carries_the_fault_active_during_the_duplicate(tmp_path: Path) -
 def test_fault_windows_pair_first_in_first_out_and_count_strays() -> None:
     rows = [
         {"ts_ns": t, "src": "faults", "seq": i, "kind": k, "point": p}
-        for i, (t, k, p) in enumerate([(1, "fault_start", "a"), (2, "fault_start", "a"), (3, "fault_end", "a"),
-                                       (4, "fault_end", "b"), (5, "fault_start", "c")])
+        for i, (t, k, p) in enumerate(
+            [
+                (1, "fault_start", "a"),
+                (2, "fault_start", "a"),
+                (3, "fault_end", "a"),
+                (4, "fault_end", "b"),
+                (5, "fault_start", "c"),
+            ]
+        )
     ]
     windows, stray = pair_fault_windows(rows)
     assert [(w.fault, w.start_ns, w.end_ns) for w in windows] == [("a", 1, 3), ("a", 2, None), ("c", 5, None)]
