@@ -45,6 +45,9 @@ _EXPORTS = {
     "check_run": "harness.verify.checker",
     "StageContext": "harness.worker.stage",
     "Crash": "harness.run.spec",
+    "Stage": "harness.run.spec",
+    "Helper": "harness.run.spec",
+    "ProcessContext": "harness.worker.process",
     "ScenarioSpec": "harness.run.spec",
     "RunResult": "harness.run.runner",
     "run_scenario": "harness.run.runner",
@@ -58,6 +61,7 @@ __all__ = [
     "Endpoints",
     "FlowContract",
     "HarnessError",
+    "Helper",
     "InvariantViolation",
     "KillBroker",
     "Kind",
@@ -67,6 +71,7 @@ __all__ = [
     "LocalProvider",
     "Partition",
     "Pause",
+    "ProcessContext",
     "ResetPeer",
     "RunResult",
     "RunSession",
@@ -74,6 +79,7 @@ __all__ = [
     "Slicer",
     "SlowClose",
     "StackError",
+    "Stage",
     "StageContext",
     "StageMachine",
     "Timeout",
@@ -110,13 +116,14 @@ if TYPE_CHECKING:
     from harness.machines.profiles import profile
     from harness.machines.stage import StageMachine, stage_machine
     from harness.run.runner import RunResult, RunSession, run_scenario
-    from harness.run.spec import Crash, ScenarioSpec
+    from harness.run.spec import Crash, Helper, ScenarioSpec, Stage
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider
     from harness.stack.selection import make_provider
     from harness.verify.checker import check_run
     from harness.verify.model import FlowContract
     from harness.verify.verdict import Verdict, Witness
+    from harness.worker.process import ProcessContext
     from harness.worker.stage import StageContext
 
 

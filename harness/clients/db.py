@@ -39,10 +39,14 @@ def truncate_all(eng: Engine) -> list[str]:
     return tables
 
 
-def column_values(eng: Engine, table: str, column: str) -> list[str]:
-    """Return every value of ``table.column`` as text (the residue snapshot of an effect table)."""
+def column_values(eng: Engine, table: str, column: str, *, where_null: str | None = None) -> list[str]:
+    """Return every value of ``table.column`` as text (the residue snapshot of an effect table).
+
+    ``where_null``: only rows where that column is NULL (an outbox row never relayed).
+    """
+    where = f' WHERE "{where_null}" IS NULL' if where_null else ""
     with eng.connect() as conn:
-        return [str(r[0]) for r in conn.execute(sa.text(f'SELECT "{column}" FROM "{table}" ORDER BY 1'))]
+        return [str(r[0]) for r in conn.execute(sa.text(f'SELECT "{column}" FROM "{table}"{where} ORDER BY 1'))]
 
 
 def duplicated_values(eng: Engine, table: str, column: str) -> list[str]:

@@ -26,7 +26,8 @@ into ``events.parquet/``: hash buckets of ``op`` sorted by (op, ts_ns), with one
 column ``op_bucket`` (see ``layout.py``), so engines group by operation without a shuffle.
 
 Version 2 (this one) adds the kinds ``prepare`` and ``abort_prepared`` (2-phase messages) and the
-bucketed compacted layout; version-1 segments read unchanged.
+bucketed compacted layout; version-1 segments read unchanged. Later additions that need no
+reader change: the kinds ``forced_redelivery``, ``alert`` and ``residue_outbox``.
 """
 
 from __future__ import annotations
@@ -61,15 +62,20 @@ class Kind(StrEnum):
     NACK = "nack"
     ERROR = "error"  # the stage raised; detail.error
     CRASH = "crash"  # a crash point fired: the worker SIGKILLs itself right after this event
+    FORCED_REDELIVERY = "forced_redelivery"  # an armed point made the worker give the message back
+    ALERT = "alert"  # the stage refused or diverted the message and flagged it for a human
     FAULT_START = "fault_start"
     FAULT_END = "fault_end"
     DOWNSTREAM = "downstream"  # the sink received the flow's outgoing message
     DEAD_LETTER = "dead_letter"  # the sink drained the message from the dead-letter queue
     RESIDUE_EFFECT = "residue_effect"  # one row of the final effect table
     RESIDUE_QUEUE = "residue_queue"  # a message still in the input queue at quiescence
+    RESIDUE_OUTBOX = "residue_outbox"  # an outbox row never relayed, at quiescence
 
 
-RESIDUE_KINDS = frozenset({Kind.DOWNSTREAM, Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE})
+RESIDUE_KINDS = frozenset(
+    {Kind.DOWNSTREAM, Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE, Kind.RESIDUE_OUTBOX}
+)
 
 ARROW_SCHEMA = pa.schema(
     [

@@ -28,6 +28,7 @@ from harness.run.sink import Sink, op_of
 from harness.run.spec import Crash, ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
+from harness.stack.procs import free_ports
 from harness.verify.checker import check_run
 from harness.verify.verdict import Verdict
 from harness.worker.crash import CrashArm, write_arms
@@ -72,6 +73,10 @@ class RunSession:
         self.ledger = LedgerWriter(self.folder.path / "ledger", "driver")
         ns = f"txchaos.{self.folder.run_id}"
         self.input_queue, self.output_queue = f"{ns}.in", f"{ns}.out"
+        # The input queue of every stage: the first is fed by submit, each next by the one before.
+        self.stage_queues = [self.input_queue, *(f"{ns}.{s.name}" for s in spec.chain)]
+        ports = free_ports(sum(h.port for h in spec.helpers))
+        self.helper_ports = {h.name: ports.pop() for h in spec.helpers if h.port}
         self.ops: list[str] = []
         self.arms: list[CrashArm] = []
         self._numbers = itertools.count()
@@ -96,11 +101,16 @@ class RunSession:
             db.truncate_all(self._engine)
             ToxiproxyAdmin(ep.toxiproxy_api).reset()
             folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
-            self._sink = Sink(ep.stomp, self.ledger, input_queue=self.input_queue, output_queue=self.output_queue)
+            output = self.output_queue if spec.contract.expects_downstream else None
+            self._sink = Sink(ep.stomp, self.ledger, input_queues=self.stage_queues, output_queue=output)
             self._sink.start()
             self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
             self._pool.start()
             folder.step(f"start {spec.workers} worker(s) running {spec.handler} on {self.input_queue}")
+            for stage, queue in zip(spec.chain, self.stage_queues[1:], strict=True):
+                folder.step(f"start {stage.workers} {stage.name} worker(s) running {stage.handler} on {queue}")
+            for helper in spec.helpers:
+                folder.step(f"start helper {helper.name} running {helper.handler}")
             self._producer = StompClient(
                 ep.stomp.host, ep.stomp.port, client_id=f"txchaos-driver-{folder.run_id}", heartbeats=(0, 0)
             )
@@ -160,7 +170,10 @@ class RunSession:
         for op in new:
             n = len(self.ops)
             self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
-            body = json.dumps({"op": op, "n": n, "amount": 1 + n % 7})
+            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
+            if n in self.spec.poison:
+                fields["poison"] = True
+            body = json.dumps(fields)
             self._producer.send(self.input_queue, body, headers={"txchaos-op": op})
             self.ops.append(op)
         # An empty transaction's ABORT receipt proves the broker has taken every SEND before it.
@@ -173,11 +186,19 @@ class RunSession:
         """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
         if op is None and crash.op_index is not None:
             op = self.op_id(crash.op_index)
-        arm = CrashArm(id=f"arm-{len(self.arms)}", point=crash.point, op=op, nth=crash.nth)
+        arm = CrashArm(
+            id=f"arm-{len(self.arms)}",
+            point=crash.point,
+            op=op,
+            nth=crash.nth,
+            action=crash.action,
+            worker=crash.worker,
+        )
         self.arms.append(arm)
         write_arms(self.folder.path, self.arms)
         on = f"op {op}" if op else f"hit #{crash.nth}"
-        self.folder.step(f"arm crash at {crash.point} on {on}")
+        who = f" in {crash.worker}" if crash.worker else ""
+        self.folder.step(f"arm {crash.action} at {crash.point} on {on}{who}")
         return arm
 
     def op_id(self, n: int) -> str:
@@ -196,22 +217,44 @@ class RunSession:
 
     # -- phases --------------------------------------------------------------------------------
     def _worker_specs(self) -> list[WorkerSpec]:
+        """Return the workers of every stage, then the helper processes."""
+        spec = self.spec
         endpoints_path = self.folder.path / "endpoints.json"
         endpoints_path.write_text(self.endpoints.to_json())
-        output = self.output_queue if self.spec.contract.expects_downstream else None
-        return [
-            WorkerSpec(
-                name=f"worker-{i}",
+        urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in self.helper_ports.items()}
+        final = self.output_queue if spec.contract.expects_downstream else None
+        outputs = [*self.stage_queues[1:], final]
+        stages = [
+            ("worker", spec.name, spec.handler, spec.workers, spec.options),
+            *((s.name, s.name, s.handler, s.workers, s.options) for s in spec.chain),
+        ]
+
+        def worker(name: str, stage: str, handler: str, options: dict[str, object], **kw: object) -> WorkerSpec:
+            return WorkerSpec(
+                name=name,
                 run_dir=str(self.folder.path),
                 endpoints_path=str(endpoints_path),
-                handler=self.spec.handler,
-                stage=self.spec.name,
-                input_queue=self.input_queue,
-                output_queue=output,
-                options=dict(self.spec.options),
+                handler=handler,
+                stage=stage,
+                options={**urls, **options},
+                **kw,  # type: ignore[arg-type]
             )
-            for i in range(self.spec.workers)
+
+        out = [
+            worker(f"{prefix}-{i}", stage, handler, dict(options), input_queue=queue, output_queue=output)
+            for (prefix, stage, handler, count, options), queue, output in zip(
+                stages, self.stage_queues, outputs, strict=True
+            )
+            for i in range(count)
         ]
+        for h in spec.helpers:
+            options = {**h.options, **({"port": self.helper_ports[h.name]} if h.port else {})}
+            out.append(
+                worker(
+                    h.name, h.name, h.handler, options, input_queue=self.input_queue, output_queue=None, kind="process"
+                )
+            )
+        return out
 
     def _await_quiescence(self, sink: Sink, pool: WorkerPool) -> None:
         """Wait until every operation came out (downstream or DLQ), then settle; bounded."""
@@ -237,15 +280,21 @@ class RunSession:
         ep = self.endpoints.stomp
         with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
             # A queue that stays empty this long after the workers are gone is empty.
-            for msg in drain(client, [self.input_queue], idle_s=min(0.3, max(0.1, self.spec.settle_s))):
-                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=self.input_queue)
-        self.folder.step(f"drain residue of {self.input_queue}")
+            for msg in drain(client, self.stage_queues, idle_s=min(0.3, max(0.1, self.spec.settle_s))):
+                dest = msg.headers.get("destination", "").removeprefix("/queue/") or self.input_queue
+                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=dest)
+        self.folder.step(f"drain residue of {', '.join(self.stage_queues)}")
 
     def _snapshot_effects(self, engine: db.Engine) -> None:
         table, column = self.spec.effect_table, self.spec.effect_column
         for op in db.column_values(engine, table, column):
             self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
         self.folder.step(f"snapshot effect table {table}")
+        outbox = self.spec.outbox_table
+        if outbox is not None:
+            for op in db.column_values(engine, outbox, "op_id", where_null="sent_at"):
+                self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=outbox)
+            self.folder.step(f"snapshot unrelayed rows of {outbox}")
 
     def _verdict(self) -> RunResult:
         path = self.folder.path

@@ -28,12 +28,14 @@ MAX_RECONNECTS = 20
 
 
 class Sink:
-    """Consume ``output`` (if any) and the DLQ of ``input`` in a thread until ``stop``."""
+    """Consume ``output`` (if any) and the DLQ of every input queue in a thread until ``stop``."""
 
-    def __init__(self, stomp: Endpoint, ledger: LedgerWriter, *, input_queue: str, output_queue: str | None) -> None:
+    def __init__(
+        self, stomp: Endpoint, ledger: LedgerWriter, *, input_queues: list[str], output_queue: str | None
+    ) -> None:
         self.stomp = stomp
         self.ledger = ledger
-        self.queues = {dlq_name(input_queue): Kind.DEAD_LETTER}
+        self.queues = {dlq_name(q): Kind.DEAD_LETTER for q in input_queues}
         if output_queue:
             self.queues[output_queue] = Kind.DOWNSTREAM
         self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or DLQ)

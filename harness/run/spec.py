@@ -7,25 +7,74 @@ from dataclasses import dataclass, field
 
 from harness.errors import ConfigError
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
-from harness.worker.crash import STAGE_POINTS
+from harness.worker.crash import ACTIONS, STAGE_POINTS
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
+
+
+def _check_name(label: str, value: str) -> None:
+    if not _NAME.match(value):
+        raise ConfigError(
+            f"{label} {value!r} is not a simple name",
+            hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)",
+        )
+
+
+def _check_handler(value: str) -> None:
+    if ":" not in value:
+        raise ConfigError(f"handler {value!r} is not an import path", hint="write it as 'package.module:function'")
 
 
 @dataclass(frozen=True)
 class Crash:
     """Crash the worker at ``point`` while it processes operation number ``op_index`` (0-based).
 
-    ``op_index=None`` with ``nth`` means the nth time any worker reaches the point.
+    ``op_index=None`` with ``nth`` means the nth time any worker reaches the point. ``action``
+    is ``kill`` (SIGKILL) or a forced redelivery: ``nack``, ``abort_unsubscribe``, ``disconnect``.
+    ``worker`` limits the arm to one worker (e.g. ``relay``); None means any.
     """
 
     point: str
     op_index: int | None = None
     nth: int | None = None
+    action: str = "kill"
+    worker: str | None = None
 
     def describe(self, ops: list[str]) -> str:
         on = f"op {ops[self.op_index]}" if self.op_index is not None else f"hit #{self.nth}"
-        return f"arm crash at {self.point} on {on}"
+        return f"arm {self.action} at {self.point} on {on}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A further stage of the flow: consumes the previous stage's output queue."""
+
+    name: str
+    handler: str
+    workers: int = 1
+    options: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_name("stage name", self.name)
+        _check_handler(self.handler)
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A helper process of the pattern (``module:main`` taking a ProcessContext): a relay, a service.
+
+    With ``port=True`` the run gives it a free loopback port (``options["port"]``, kept across
+    restarts) and tells every stage its address as ``options["<name>_url"]``.
+    """
+
+    name: str
+    handler: str
+    port: bool = False
+    options: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_name("helper name", self.name)
+        _check_handler(self.handler)
 
 
 @dataclass(frozen=True)
@@ -53,17 +102,28 @@ class ScenarioSpec:
     contract: FlowContract = field(default_factory=FlowContract)
     expect: frozenset[str] = frozenset()
     description: str = ""
+    # Further stages after the first (each consumes the previous output) and helper processes.
+    chain: tuple[Stage, ...] = ()
+    helpers: tuple[Helper, ...] = ()
+    # Operation numbers whose message is a poison message (body ``"poison": true``).
+    poison: frozenset[int] = frozenset()
+    # A transactional outbox (op_id, sent_at): rows never relayed are recorded as residue.
+    outbox_table: str | None = None
+    # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides STAGE_POINTS.
+    points: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for label, value in (("name", self.name), ("variant", self.variant)):
-            if not _NAME.match(value):
-                raise ConfigError(
-                    f"scenario {label} {value!r} is not a simple name",
-                    hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)",
-                )
-        if ":" not in self.handler:
+        _check_name("scenario name", self.name)
+        _check_name("scenario variant", self.variant)
+        _check_handler(self.handler)
+        names = ["worker", *(s.name for s in self.chain), *(h.name for h in self.helpers)]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"stage and helper names repeat: {names}", hint="give each stage and helper its own name")
+        bad = sorted(i for i in self.poison if not 0 <= i < self.messages)
+        if bad:
             raise ConfigError(
-                f"handler {self.handler!r} is not an import path", hint="write it as 'package.module:function'"
+                f"poison operation number(s) {bad} but the scenario sends {self.messages} messages",
+                hint=f"choose poison numbers from 0 to {self.messages - 1}",
             )
         if not 1 <= self.messages <= 1_000_000:
             raise ConfigError(f"messages={self.messages} is out of range", hint="choose 1 to 1,000,000 messages")
@@ -77,8 +137,11 @@ class ScenarioSpec:
                 hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
         for crash in self.crashes:
-            if crash.point not in STAGE_POINTS:
-                raise ConfigError(f"unknown crash point {crash.point!r}", hint=f"use one of {', '.join(STAGE_POINTS)}")
+            if crash.action not in ACTIONS:
+                raise ConfigError(f"unknown crash action {crash.action!r}", hint=f"use one of {', '.join(ACTIONS)}")
+            if crash.point not in (*STAGE_POINTS, *self.points):
+                known = ", ".join((*STAGE_POINTS, *self.points))
+                raise ConfigError(f"unknown crash point {crash.point!r}", hint=f"use one of {known}")
             if crash.op_index is None and crash.nth is None:
                 raise ConfigError(
                     f"crash at {crash.point} names no message",

@@ -6,6 +6,7 @@ Standard library only: ``./txchaos`` runs this file before the project's virtual
 - Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
 - ActiveMQ Classic and Kafka jars resolved by Maven from the pinned POMs in ``fixtures/jars``;
 - the Toxiproxy server built with ``go install`` at a pinned tag;
+- the DTM server built with ``go build`` at a pinned release (Go caches kept under the cache);
 - the Allure command line from the npm registry, for offline HTML reports.
 
 Each missing tool gives one line: what is missing and how to get it.
@@ -24,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 TOXIPROXY_VERSION = "v2.12.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+DTM_VERSION = "v1.19.0"
+DTM_MODULE = "github.com/dtm-labs/dtm"
 JAVA_MIN = 17
 
 
@@ -54,6 +58,8 @@ class Tools:
     kafka_lib: str
     toxiproxy: str
     allure: str | None
+    # Defaulted so a tools.json written before DTM joined the stack still loads (load_tools says rebuild).
+    dtm: str = ""
 
 
 def _run(cmd: list[str], *, what: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
@@ -160,6 +166,47 @@ def ensure_toxiproxy() -> str:
     return str(dest)
 
 
+def _go_env() -> dict[str, str]:
+    """Return an environment whose Go module and build caches live under the txchaos cache."""
+    root = cache_root() / "go"
+    return dict(
+        os.environ,
+        GOPATH=str(root),
+        GOMODCACHE=str(root / "mod"),
+        GOCACHE=str(root / "build"),
+        CGO_ENABLED="0",
+        # Writable module files, so `rm -rf` of the cache works without a chmod first.
+        GOFLAGS=" ".join([*os.environ.get("GOFLAGS", "").split(), "-modcacherw"]),
+    )
+
+
+def ensure_dtm() -> str:
+    """Return the DTM server binary, built once at the pinned release.
+
+    ``go install module@version`` needs the proxy's version list, which some mirrors refuse; a
+    throwaway module that requires the pinned version and builds its main package does not.
+    """
+    dest = cache_root() / "bin" / f"dtm-{DTM_VERSION}"
+    if dest.exists():
+        return str(dest)
+    go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); the DTM server is built from source")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    env = _go_env()
+    print(
+        f"txchaos bootstrap: building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="txchaos-dtm-build-") as tmp:
+        work = Path(tmp)
+        _run([go, "mod", "init", "dtmbuild"], what="preparing the DTM build", env=env, cwd=work)
+        _run([go, "get", f"{DTM_MODULE}@{DTM_VERSION}"], what="fetching the DTM sources", env=env, cwd=work)
+        _run([go, "build", "-o", str(partial), DTM_MODULE], what="building the DTM server", env=env, cwd=work)
+    partial.rename(dest)
+    return str(dest)
+
+
 def ensure_allure() -> str | None:
     """Return the Allure command line, or None (with a warning) when npm is missing."""
     sys.path.insert(0, str(REPO))
@@ -203,6 +250,7 @@ def ensure_all(repo: Path, *, with_venv: bool = True) -> Tools:
         kafka_lib=ensure_jars("kafka"),
         toxiproxy=ensure_toxiproxy(),
         allure=ensure_allure(),
+        dtm=ensure_dtm(),
     )
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -222,7 +270,9 @@ def load_tools() -> Tools:
     if not path.exists():
         raise BootstrapError(f"no {path}: run `./txchaos` from the repository once, or `python3 {__file__}`")
     tools = Tools(**json.loads(path.read_text()))
-    for value in (tools.java, tools.postgres_bin, tools.activemq_lib, tools.kafka_lib, tools.toxiproxy):
+    if not tools.dtm:
+        raise BootstrapError(f"{path} predates the DTM server: run `./txchaos` (or this bootstrap) again")
+    for value in (tools.java, tools.postgres_bin, tools.activemq_lib, tools.kafka_lib, tools.toxiproxy, tools.dtm):
         if not Path(value).exists():
             raise BootstrapError(f"{value} is gone: run `./txchaos` (or this bootstrap) again to reinstall")
     return tools

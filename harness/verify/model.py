@@ -31,6 +31,8 @@ COUNTS: dict[str, Kind] = {
     "skips": Kind.SKIP,
     "prepared": Kind.PREPARE,
     "aborted": Kind.ABORT_PREPARED,
+    "alerts": Kind.ALERT,
+    "outbox_pending": Kind.RESIDUE_OUTBOX,
 }
 
 # Summary column -> (kind, n): events of that kind whose ``attempt`` is above n. A redelivery is
@@ -62,6 +64,7 @@ ANOMALY_CLASSES: tuple[str, ...] = (
     "duplicate-effect",
     "duplicate-external-call",
     "orphan-effect",
+    "orphan-outbox",
     "stuck",
     "dead-lettered",
     "dead-lettered-with-effect",
@@ -129,12 +132,16 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     if contract.expects_downstream:
         missing_output = any_of(missing_output, Cmp("downstream", "==", 0))
     out: dict[str, Pred] = {
-        "lost": all_of(Cmp("submitted", ">", 0), not_parked, missing_output),
+        # An op whose outbox row was never relayed is not lost but parked there: orphan-outbox.
+        "lost": all_of(Cmp("submitted", ">", 0), not_parked, Cmp("outbox_pending", "==", 0), missing_output),
         "duplicate-effect": all_of(Cmp("submitted", ">", 0), Cmp("effects", ">", 1)),
         "duplicate-external-call": Cmp("external_calls", ">", contract.max_external_calls),
         "orphan-effect": all_of(Cmp("submitted", "==", 0), Cmp("effects", ">", 0)),
+        "orphan-outbox": Cmp("outbox_pending", ">", 0),
         "stuck": all_of(Cmp("in_queue", ">", 0), Cmp("dead_letters", "==", 0)),
-        "dead-lettered": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", "==", 0)),
+        # A stage that diverts a message it must not process and raises an alert (a refused double
+        # delivery, a poison message) does what it should: that dead letter is not an anomaly.
+        "dead-lettered": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", "==", 0), Cmp("alerts", "==", 0)),
         "dead-lettered-with-effect": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", ">", 0)),
     }
     if contract.max_deliveries is not None:

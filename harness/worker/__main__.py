@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.worker.process import run_process
 from harness.worker.spec import WorkerSpec
 from harness.worker.stage import StageWorker
 
@@ -38,7 +39,11 @@ def main(argv: list[str]) -> int:
     else:
         sys.stderr.write("usage: python -m harness.worker SPEC.json | --standby\n")
         return 2
-    StageWorker(WorkerSpec.load(spec_path)).run()
+    spec = WorkerSpec.load(spec_path)
+    if spec.kind == "process":
+        run_process(spec)
+    else:
+        StageWorker(spec).run()
     return 0
 
 

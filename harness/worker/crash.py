@@ -1,5 +1,10 @@
 """Named crash points: armed by the harness, hit by a worker that SIGKILLs itself.
 
+An arm's ``action`` says what happens at the point: ``kill`` (SIGKILL, the default) or one of
+the forced redeliveries (``REDELIVERY_ACTIONS``): the worker gives the message back to the
+broker by NACK, by ABORT then UNSUBSCRIBE, or by dropping its connection before the ACK, and
+carries on. Every action is a way a real consumer lets a message be delivered again.
+
 The driver writes the arms of a run to ``<run>/arms.json``; a worker re-reads the file when it
 changes, so arms can be added while the run goes on. An arm fires once: the worker claims it
 by creating ``<run>/arms/<id>.fired`` (O_EXCL) before it kills itself, so its restarted self,
@@ -21,6 +26,16 @@ from harness.ledger.writer import LedgerWriter
 
 # Points every stage passes through; a pattern may declare more (e.g. after_external_call).
 STAGE_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit", "after_external_call")
+REDELIVERY_ACTIONS = ("nack", "abort_unsubscribe", "disconnect")
+ACTIONS = ("kill", *REDELIVERY_ACTIONS)
+
+
+class ForcedRedelivery(Exception):
+    """Raised at an armed point whose action is a redelivery; the stage runtime performs it."""
+
+    def __init__(self, action: str, point: str) -> None:
+        super().__init__(f"forced redelivery by {action} at {point}")
+        self.action, self.point = action, point
 
 
 @dataclass(frozen=True)
@@ -36,8 +51,11 @@ class CrashArm:
     op: str | None = None
     worker: str | None = None
     nth: int | None = None
+    action: str = "kill"
 
     def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ConfigError(f"unknown crash arm action {self.action!r}", hint=f"use one of {', '.join(ACTIONS)}")
         if not self.point or not self.point.replace("_", "").isalnum():
             raise ConfigError(f"bad crash point name {self.point!r}", hint=f"use one of {', '.join(STAGE_POINTS)}")
         if self.nth is not None and self.nth < 1:
@@ -81,7 +99,10 @@ class CrashPoints:
         return self._arms
 
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
-        """Record that ``point`` was reached; SIGKILL this process if an arm matches."""
+        """Record that ``point`` was reached; act on the first arm that matches.
+
+        ``kill``: SIGKILL this process. Otherwise raise ``ForcedRedelivery`` for the caller.
+        """
         self.hits[point] += 1
         for arm in self._load():
             if arm.point != point or (arm.op is not None and arm.op != op):
@@ -95,5 +116,10 @@ class CrashPoints:
             except FileExistsError:
                 continue
             os.close(fd)
+            if arm.action != "kill":
+                self.ledger.emit(
+                    Kind.FORCED_REDELIVERY, op=op, msg=msg, stage=stage, point=point, arm=arm.id, action=arm.action
+                )
+                raise ForcedRedelivery(arm.action, point)
             self.ledger.emit(Kind.CRASH, op=op, msg=msg, stage=stage, point=point, arm=arm.id, worker=self.worker)
             os.kill(os.getpid(), signal.SIGKILL)

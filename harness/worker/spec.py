@@ -10,7 +10,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker: which stage handler to run, from which queue to which, inside which run."""
+    """One worker: which stage handler to run, from which queue to which, inside which run.
+
+    ``kind="stage"`` runs ``handler`` per message in the 1PC stage runtime; ``kind="process"``
+    calls ``handler(ProcessContext)`` once, for helpers of a pattern that are not stages (an
+    outbox relay, an HTTP service the stage calls).
+    """
 
     name: str
     run_dir: str
@@ -20,6 +25,7 @@ class WorkerSpec:
     input_queue: str
     output_queue: str | None
     options: dict[str, Any] = field(default_factory=dict)
+    kind: str = "stage"
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2))

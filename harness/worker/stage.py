@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.clients import db
-from harness.clients.activemq import Message, StompClient
+from harness.clients.activemq import Message, StompClient, dlq_name
+from harness.clients.db import Connection
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.stack.base import Endpoints
-from harness.worker.crash import CrashPoints
+from harness.worker.crash import CrashPoints, ForcedRedelivery
 from harness.worker.spec import WorkerSpec
 
 
@@ -34,7 +35,9 @@ class StageContext:
     """What a stage handler gets: the message, the stage's DB connection and a way to send.
 
     ``db`` is inside the stage transaction; ``send`` joins the broker transaction, so both
-    commit or roll back with the stage.
+    commit or roll back with the stage. ``side`` is a separate autocommit connection: what is
+    written there stays written whatever happens to the stage (attempt counters, the state of
+    an external call). ``dead_letter`` diverts the message to the dead-letter queue with an alert.
     """
 
     op: str
@@ -47,7 +50,19 @@ class StageContext:
     _send: Callable[[dict[str, Any], str | None], None]
     _record: Callable[..., None]
     _crash: Callable[[str], None]
+    _side: Callable[[], Connection]
+    _dlq: str
     sent: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def side(self) -> Connection:
+        """The worker's autocommit connection, outside the stage transaction."""
+        return self._side()
+
+    def dead_letter(self, reason: str) -> None:
+        """Divert this message to the dead-letter queue (in the stage transaction) and alert."""
+        self._send({**self.body, "txchaos_reason": reason}, self._dlq)
+        self._record(Kind.ALERT, reason=reason)
 
     def send(self, body: dict[str, Any], dest: str | None = None) -> None:
         """Send ``body`` to ``dest`` (default: the stage's output queue) in the stage transaction."""
@@ -84,22 +99,50 @@ class StageWorker:
         self.crash = CrashPoints(self.run_dir, spec.name, self.ledger)
         self.handler = load_handler(spec.handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
+        self._side_engine: db.Engine | None = None
+        self._side_conn: db.Connection | None = None
         self.stop = threading.Event()
         self.attempts: Counter[str] = Counter()
+        self._sub = ""
+
+    def side(self) -> db.Connection:
+        if self._side_conn is None or self._side_conn.closed:
+            if self._side_engine is None:
+                self._side_engine = db.engine(self.endpoints.postgres_url, pool_size=1, autocommit=True)
+            self._side_conn = self._side_engine.connect()
+        return self._side_conn
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         ep = self.endpoints.stomp
-        with StompClient(ep.host, ep.port, client_id=f"{self.spec.name}") as client:
-            client.subscribe(self.spec.input_queue)
-            self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue)
-            (self.run_dir / "workers" / f"{self.spec.name}.ready").touch()
-            while not self.stop.is_set():
-                msg = client.receive(0.2)
-                if msg is not None:
-                    self.process(client, msg)
+        started = False
+        while not self.stop.is_set():  # one pass per connection: a forced disconnect opens a new one
+            with StompClient(ep.host, ep.port, client_id=f"{self.spec.name}") as client:
+                self._sub = client.subscribe(self.spec.input_queue)
+                if not started:
+                    self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue)
+                    (self.run_dir / "workers" / f"{self.spec.name}.ready").touch()
+                    started = True
+                while not self.stop.is_set():
+                    msg = client.receive(0.2)
+                    if msg is not None and not self.process(client, msg):
+                        break  # the connection was dropped on purpose
 
-    def process(self, client: StompClient, msg: Message) -> None:
+    def _give_back(self, client: StompClient, msg: Message, tx: str, action: str) -> bool:
+        """Perform a forced redelivery; returns False when the connection must be dropped."""
+        if action == "disconnect":
+            return False  # closing the connection rolls the transaction back and releases the message
+        client.abort(tx)
+        if action == "nack":
+            client.nack(msg)
+        elif action == "abort_unsubscribe":
+            # ABORT alone keeps the message in flight (BROKER_FACTS.md); unsubscribing releases it.
+            client.unsubscribe(self._sub)
+            self._sub = client.subscribe(self.spec.input_queue)
+        return True
+
+    def process(self, client: StompClient, msg: Message) -> bool:
+        """Run the stage on ``msg``; returns False when the worker must reconnect."""
         body = json.loads(msg.body)
         op = str(body["op"])
         stage, mid = self.spec.stage, msg.message_id
@@ -145,6 +188,8 @@ class StageWorker:
                         send,
                         lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
                         reach,
+                        self.side,
+                        dlq_name(self.spec.input_queue),
                     )
                     self.handler(ctx)
                     reach("before_db_commit")
@@ -159,6 +204,10 @@ class StageWorker:
             client.commit(tx)
             emit(Kind.BROKER_COMMIT, op=op, msg=mid, stage=stage)
             reach("after_broker_commit")
+        except ForcedRedelivery as forced:
+            if forced.point == "after_broker_commit":
+                return True  # already committed: nothing left to give back
+            return self._give_back(client, msg, tx, forced.action)
         except Exception as exc:
             fatal = isinstance(exc, HarnessError) or db.is_connection_error(exc)
             emit(Kind.ERROR, op=op, msg=mid, stage=stage, error=repr(exc)[:500], fatal=fatal)
@@ -169,3 +218,4 @@ class StageWorker:
             # ABORT alone leaves the message in flight until unsubscribe (BROKER_FACTS.md): NACK it.
             client.nack(msg)
             emit(Kind.NACK, op=op, msg=mid, stage=stage)
+        return True

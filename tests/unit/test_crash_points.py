@@ -8,8 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from harness.errors import ConfigError
 from harness.ledger.reader import read_segments
-from harness.worker.crash import CrashArm, fired_arms, write_arms
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.worker.crash import CrashArm, CrashPoints, ForcedRedelivery, fired_arms, write_arms
 
 CHILD = textwrap.dedent(
     """
@@ -69,9 +74,6 @@ def test_arms_rewritten_within_one_clock_tick_are_seen(tmp_path: Path) -> None:
     """A worker must see new arms even when both writes share an mtime (coarse timestamps)."""
     import os
 
-    from harness.ledger.writer import LedgerWriter
-    from harness.worker.crash import CrashPoints
-
     write_arms(tmp_path, [])
     points = CrashPoints(tmp_path, "worker-0", LedgerWriter(tmp_path / "ledger", "w"))
     points.reach("before_db_commit", op="op0")  # caches the empty arm list
@@ -79,3 +81,21 @@ def test_arms_rewritten_within_one_clock_tick_are_seen(tmp_path: Path) -> None:
     write_arms(tmp_path, [CrashArm(id="a", point="after_db_commit", op="op9")])
     os.utime(tmp_path / "arms.json", ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime as before
     assert [a.id for a in points._load()] == ["a"]
+
+
+def test_redelivery_arm_raises_instead_of_killing(tmp_path: Path) -> None:
+    ledger = LedgerWriter(tmp_path / "ledger", "worker-0")
+    points = CrashPoints(tmp_path, "worker-0", ledger)
+    write_arms(tmp_path, [CrashArm(id="arm-0", point="before_db_commit", op="op1", action="abort_unsubscribe")])
+    points.reach("before_db_commit", op="op0")
+    with pytest.raises(ForcedRedelivery) as forced:
+        points.reach("before_db_commit", op="op1")
+    assert (forced.value.action, forced.value.point) == ("abort_unsubscribe", "before_db_commit")
+    points.reach("before_db_commit", op="op1")  # fired once: the redelivered message passes
+    events = [e for e in read_segments(tmp_path / "ledger").to_pylist() if e["kind"] == Kind.FORCED_REDELIVERY]
+    assert [(e["op"], e["point"]) for e in events] == [("op1", "before_db_commit")]
+
+
+def test_unknown_action_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'explode'"):
+        CrashArm(id="a", point="after_db_commit", action="explode")

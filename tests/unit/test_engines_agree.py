@@ -42,6 +42,8 @@ EXPECT: dict[str, set[str]] = {
     "orphan-effect": {"orphan-effect"},
     "stuck": {"stuck"},
     "dead-lettered": {"dead-lettered"},
+    "flagged-dead-letter": set(),
+    "orphan-outbox": {"orphan-outbox"},
     "dead-lettered-with-effect": {"dead-lettered-with-effect"},
     "never-dead-lettered-poison": {"never-dead-lettered-poison", "stuck"},
     "in-doubt": {"in-doubt"},
@@ -96,6 +98,9 @@ def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
             continue
         if c == "duplicate-external-call":
             add(t + 1, "worker-0", Kind.EXTERNAL_CALL, msg=msg, attempt=a)
+        if c == "flagged-dead-letter":  # the stage diverted it on purpose, with an alert
+            add(t + 1, "worker-0", Kind.ALERT, msg=msg, attempt=a)
+            continue
         if a < attempts and c == "redelivered":
             add(t + 2, "worker-0", Kind.CRASH, msg=msg, point="before_db_commit", attempt=a)
             continue
@@ -113,6 +118,8 @@ def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
         "stuck": [Kind.RESIDUE_QUEUE],
         "never-dead-lettered-poison": [Kind.RESIDUE_QUEUE],
         "dead-lettered": [Kind.DEAD_LETTER],
+        "flagged-dead-letter": [Kind.DEAD_LETTER],
+        "orphan-outbox": [Kind.RESIDUE_EFFECT, Kind.RESIDUE_OUTBOX],
         "dead-lettered-with-effect": [Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT],
     }.get(c, [Kind.DOWNSTREAM, Kind.RESIDUE_EFFECT])
     for k in tail:

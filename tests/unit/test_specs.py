@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness import ConfigError, Crash, ScenarioSpec
+from harness.run.spec import Helper, Stage
 from harness.worker.crash import CrashArm
 
 
@@ -32,6 +33,10 @@ def spec(**kw: object) -> ScenarioSpec:
         ({"crashes": (Crash("after_db_commit"),)}, "names no message", "op_index"),
         ({"expect": frozenset({"dupe"})}, "dupe", "duplicate-effect"),
         ({"timeout_s": 0}, "timeout_s=0", "> 0"),
+        ({"crashes": (Crash("after_db_commit", op_index=1, action="explode"),)}, "explode", "abort_unsubscribe"),
+        ({"crashes": (Crash("relay_after_send", op_index=1),)}, "relay_after_send", "after_db_commit"),
+        ({"poison": frozenset({3, 25})}, "[25]", "from 0 to 19"),
+        ({"chain": (Stage("worker", "m:f"),)}, "repeat", "its own name"),
     ],
 )
 def test_bad_spec_names_value_and_fix(kw: dict[str, object], named: str, fix: str) -> None:
@@ -54,3 +59,14 @@ def test_good_spec_is_frozen() -> None:
 def test_crash_arm_validates_nth() -> None:
     with pytest.raises(ConfigError, match="nth=0"):
         CrashArm(id="a", point="after_db_commit", nth=0)
+
+
+def test_pattern_points_are_accepted_once_declared() -> None:
+    declared = spec(points=("relay_after_send",), crashes=(Crash("relay_after_send", op_index=1, worker="relay"),))
+    assert declared.crashes[0].worker == "relay"
+
+
+def test_bad_helper_is_refused_where_it_is_made() -> None:
+    with pytest.raises(ConfigError, match="no-colon") as info:
+        Helper("relay", "no-colon")
+    assert "package.module:function" in str(info.value)
