@@ -1,0 +1,90 @@
+"""A poison message with a consumer that crashes on it, every delivery.
+
+Twelve orders, one of them poison (chosen from the seed). The worker dies on the poison message
+each time it is delivered; the supervisor restarts it and the broker redelivers at once.
+
+- ``crashing``: redelivered until the run's time is up, never dead-lettered
+  -> never-dead-lettered-poison, and stuck: the poison message and, with one consumer, every
+  order queued behind it (the broker redelivers it first, each time: it blocks the queue)
+- ``attempt-counter``: the delivery counter on a separate autocommit connection diverts it to
+  the DLQ with an alert after 3 deliveries; every other order goes through -> clean
+
+Run it: ``txchaos run poison_message[:VARIANT] --seed N`` or ``pytest scenarios/``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from harness import FlowContract, Kind, ScenarioSpec, read_ledger
+
+NAME = "poison_message"
+MESSAGES = 12
+
+
+def poison_index(seed: int) -> int:
+    """Return which operation is the poison message, for ``seed``."""
+    return random.Random(seed).randrange(MESSAGES)
+
+
+def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
+    """Return the scenario's variants at ``seed``."""
+
+    def spec(variant: str, handler: str, expect: set[str], timeout_s: float) -> ScenarioSpec:
+        return ScenarioSpec(
+            name=NAME,
+            variant=variant,
+            handler=f"harness.patterns.poison:{handler}",
+            schema="poison",
+            effect_table="poison_effects",
+            messages=MESSAGES,
+            poison=frozenset({poison_index(seed)}),
+            seed=seed,
+            settle_s=0.3,
+            timeout_s=timeout_s,
+            # More than 10 deliveries of a message that is never applied nor dead-lettered: poison.
+            contract=FlowContract(max_deliveries=10),
+            expect=frozenset(expect),
+        )
+
+    return {
+        # The run waits its whole timeout for the poison message: long enough for > 10 deliveries.
+        "crashing": spec("crashing", "crashing", {"never-dead-lettered-poison", "stuck"}, timeout_s=8),
+        "attempt-counter": spec("attempt-counter", "attempt_counter", set(), timeout_s=30),
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.activemq
+@pytest.mark.parametrize("variant", list(variants()))
+def test_poison_message(variant: str, txchaos_run: object) -> None:
+    spec = variants()[variant]
+    result = txchaos_run(spec)  # type: ignore[operator]
+    verdict = result.verdict
+    poison_op = f"{variant}-s0-op{poison_index(0):05d}"
+    assert set(verdict.found()) == set(spec.expect), verdict.headline()
+    if spec.expect:
+        assert verdict.ops("never-dead-lettered-poison") == {poison_op}
+        behind = {f"{variant}-s0-op{n:05d}" for n in range(poison_index(0), MESSAGES)}
+        assert verdict.ops("stuck") == behind, "the poison message blocks exactly the orders behind it"
+    events = read_ledger(result.run_dir / "ledger").to_pylist()
+    of_poison = [e["kind"] for e in events if e["op"] == poison_op]
+    deliveries = of_poison.count(Kind.DELIVER)
+    if variant == "crashing":
+        assert deliveries > 10, f"only {deliveries} deliveries of the poison message"
+        assert Kind.DEAD_LETTER not in of_poison
+    else:  # diverted after 3 deliveries, flagged, and the other orders all went through
+        assert deliveries == 4, of_poison
+        assert of_poison.count(Kind.ALERT) == 1
+        assert of_poison.count(Kind.DEAD_LETTER) == 1
+        assert verdict.stats["submitted"] == MESSAGES
+    assert result.as_expected
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["run", NAME, *sys.argv[1:]]))
