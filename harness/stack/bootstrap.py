@@ -202,7 +202,10 @@ def ensure_dtm() -> str:
         work = Path(tmp)
         _run([go, "mod", "init", "dtmbuild"], what="preparing the DTM build", env=env, cwd=work)
         _run([go, "get", f"{DTM_MODULE}@{DTM_VERSION}"], what="fetching the DTM sources", env=env, cwd=work)
-        _run([go, "build", "-o", str(partial), DTM_MODULE], what="building the DTM server", env=env, cwd=work)
+        # The version stamp the release images carry, so /api/dtmsvr/version names the pin.
+        stamp = f"-X main.Version={DTM_VERSION}"
+        build = [go, "build", "-ldflags", stamp, "-o", str(partial), DTM_MODULE]
+        _run(build, what="building the DTM server", env=env, cwd=work)
     partial.rename(dest)
     return str(dest)
 
