@@ -43,7 +43,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if load_current() is not None and _stack_alive():
         raise ConfigError("a stack is already up", hint="`txchaos status` shows it; `txchaos down` stops it")
     provider = make_provider(args.provider, detached=True)
-    with console.status(f"starting the {provider.name} stack (Postgres, ActiveMQ, Kafka, Toxiproxy)"):
+    with console.status(f"starting the {provider.name} stack (Postgres, ActiveMQ, Kafka, DTM, Toxiproxy)"):
         started = time.monotonic()
         endpoints = provider.start()
     save_current(endpoints)
@@ -58,11 +58,16 @@ def _print_endpoints(endpoints: object) -> None:
 
     assert isinstance(endpoints, Endpoints)
     table = Table("service", "client address (proxy)", "proxy", "upstream")
-    for name, ep in (("postgres", endpoints.postgres), ("activemq", endpoints.stomp), ("kafka", endpoints.kafka)):
+    services = [("postgres", endpoints.postgres), ("activemq", endpoints.stomp), ("kafka", endpoints.kafka)]
+    if endpoints.dtm is not None:
+        services.append(("dtm", endpoints.dtm))
+    for name, ep in services:
         table.add_row(name, ep.address, ep.proxy, f"{ep.upstream_host}:{ep.upstream_port}")
     table.add_row("toxiproxy api", endpoints.toxiproxy_api, "", "")
     console.print(table)
     console.print(f"postgres url: {endpoints.postgres_url}")
+    if endpoints.dtm is not None:
+        console.print(f"dtm server:   {endpoints.dtm_url}")
 
 
 def _stack_alive() -> bool:
@@ -103,6 +108,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from harness.clients import db, kafka
+    from harness.clients.dtm import DtmClient
     from harness.stack.selection import load_current
     from harness.stack.waits import stomp_connected
 
@@ -118,6 +124,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         "activemq": stomp_connected(ep.stomp.host, ep.stomp.port),
         "kafka": lambda: kafka.broker_ready(ep.kafka.address, 2.0),
     }
+    if ep.dtm is not None:
+        checks["dtm"] = DtmClient(ep.dtm.host, ep.dtm.port, timeout=2.0).answers
     ok = True
     for name, probe in checks.items():
         try:

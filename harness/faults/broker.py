@@ -1,4 +1,4 @@
-"""Broker faults: kill -9 of ActiveMQ, Kafka or Postgres, and a restart on the same data and ports.
+"""Broker faults: kill -9 of ActiveMQ, Kafka, Postgres or DTM, and a restart on the same data and ports.
 
 Works from ``Endpoints`` alone: the local provider writes each service's spawn recipe to
 ``<state_dir>/services/<name>.json``; a kill finds the process group by its registry tag, a
@@ -27,7 +27,7 @@ from harness.stack.base import Endpoints
 from harness.stack.local import ServiceRecipe, readiness, stop_tagged, tagged_pids
 from harness.stack.procs import Managed, spawn
 
-SERVICES = ("activemq", "kafka", "postgres")
+SERVICES = ("activemq", "kafka", "postgres", "dtm")
 
 
 class _Spawner:
@@ -101,6 +101,7 @@ def restart_service(stack: Endpoints, service: str) -> float:
             log_path=Path(recipe.log_path),
             user=recipe.user,
             detached=recipe.detached,
+            cwd=Path(recipe.cwd) if recipe.cwd else None,
         )
     )
     _RESPAWNED[recipe.tag] = proc

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from harness.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -37,6 +39,8 @@ class Endpoints:
     db_password: str
     db_name: str
     state_dir: str
+    # None only in an endpoints.json written before DTM joined the stack.
+    dtm: Endpoint | None = None
 
     @property
     def postgres_url(self) -> str:
@@ -44,14 +48,25 @@ class Endpoints:
         p = self.postgres
         return f"postgresql+psycopg://{self.db_user}:{self.db_password}@{p.host}:{p.port}/{self.db_name}"
 
+    @property
+    def dtm_url(self) -> str:
+        """The DTM server URL through its proxy, as a DTM SDK takes it (``.../api/dtmsvr``)."""
+        if self.dtm is None:
+            raise ConfigError(
+                f"stack {self.stack_id} has no DTM server (its endpoints.json predates it)",
+                hint="stop it with `txchaos down` and start a new one with `txchaos up`",
+            )
+        return f"http://{self.dtm.host}:{self.dtm.port}/api/dtmsvr"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Endpoints:
         raw = json.loads(text)
-        for key in ("postgres", "stomp", "kafka"):
-            raw[key] = Endpoint(**raw[key])
+        for key in ("postgres", "stomp", "kafka", "dtm"):
+            if raw.get(key) is not None:
+                raw[key] = Endpoint(**raw[key])
         return cls(**raw)
 
     @classmethod

@@ -28,12 +28,13 @@ COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 PUBLISHED_HOST = "127.0.0.1"
 SERVICE_NAMES: tuple[str, ...] = tuple(s.name for s in topo.SERVICES)
 # Endpoints field -> the service behind it.
-ENDPOINT_SERVICES = {"postgres": "postgres", "stomp": "activemq", "kafka": "kafka"}
+ENDPOINT_SERVICES = {"postgres": "postgres", "stomp": "activemq", "kafka": "kafka", "dtm": "dtm"}
 LOG_TAIL_LINES = 40
 
 # Where the fixtures are mounted inside the containers.
 ACTIVEMQ_CONFIG_TARGET = "/opt/apache-activemq/conf/activemq.xml"
 KAFKA_CONFIG_TARGET = "/mnt/shared/config/server.properties"
+DTM_CONFIG_TARGET = "/app/dtm/configs/txchaos.yml"
 
 _HINTS = {
     "toxiproxy": "a fresh container compiles Toxiproxy with `go install`, so the daemon needs the Go module "
@@ -42,6 +43,7 @@ _HINTS = {
     "docker-compose.yml (tests/unit/test_compose_topology.py compares them)",
     "activemq": "check that fixtures/activemq/activemq.xml loads (STOMP on 0.0.0.0:61613)",
     "postgres": "check that the daemon can start postgres:15 and has disk space",
+    "dtm": "check that fixtures/dtm/dtm.yml loads (tests/unit/test_dtm_config.py checks it)",
 }
 
 
@@ -76,6 +78,7 @@ def compose_endpoints(project: str, state_dir: Path) -> Endpoints:
         postgres=ep(ENDPOINT_SERVICES["postgres"]),
         stomp=ep(ENDPOINT_SERVICES["stomp"]),
         kafka=ep(ENDPOINT_SERVICES["kafka"]),
+        dtm=ep(ENDPOINT_SERVICES["dtm"]),
         toxiproxy_api=f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}",
         db_user=topo.DB_USER,
         db_password=topo.DB_PASSWORD,
@@ -355,6 +358,7 @@ def compose_topology_errors(
     errors += _kafka_errors(services.get("kafka") or {}, server_properties)
     errors += _activemq_errors(services.get("activemq") or {})
     errors += _postgres_errors(services.get("postgres") or {})
+    errors += _dtm_errors(services.get("dtm") or {})
     return errors
 
 
@@ -457,6 +461,19 @@ def _postgres_errors(spec: Mapping[str, Any]) -> list[str]:
             errors.append(f"postgres: {key}={env.get(key)!r}, expected {value!r}")
     if "fsync=off" not in _command(spec).split():
         errors.append("postgres: command must set fsync=off")
+    return errors
+
+
+def _dtm_errors(spec: Mapping[str, Any]) -> list[str]:
+    errors: list[str] = []
+    if _binds(spec).get(DTM_CONFIG_TARGET) != "fixtures/dtm/dtm.yml":
+        errors.append(f"dtm: fixtures/dtm/dtm.yml is not mounted at {DTM_CONFIG_TARGET}")
+    if _flag(_command(spec).split(), "-c") != DTM_CONFIG_TARGET:
+        errors.append(f"dtm: command must be `-c {DTM_CONFIG_TARGET}` (the image's entrypoint is the server)")
+    # The ports come from DTM's defaults in docker; an environment override would move them.
+    moved = sorted(k for k in _env(spec) if k in ("HTTP_PORT", "GRPC_PORT"))
+    if moved:
+        errors.append(f"dtm: environment sets {moved}; the proxy expects HTTP on {topo.DTM.port}")
     return errors
 
 

@@ -1,4 +1,4 @@
-"""The local stack provider: real Postgres, ActiveMQ, Kafka and Toxiproxy as child processes.
+"""The local stack provider: real Postgres, ActiveMQ, Kafka, DTM and Toxiproxy as child processes.
 
 Each stack gets free loopback ports and its own state folder (``reports/stacks/<id>/``), so two
 stacks run side by side. Clients get only proxy addresses; Kafka advertises its proxy.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root, stacks_root
-from harness.stack import bootstrap, topology
+from harness.stack import bootstrap, dtm, topology
 from harness.stack.base import Endpoint, Endpoints
 from harness.stack.procs import (
     Managed,
@@ -40,6 +40,7 @@ from harness.stack.waits import Wait, port_open, stomp_connected
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
 START_TIMEOUT_S = float(os.environ.get("TXCHAOS_START_TIMEOUT", "90"))
+DATA_DIRS = ("activemq", "kafka", "dtm")  # under the stack folder; removed at stop (logs/ stays)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ServiceRecipe:
     log_path: str
     tag: str
     detached: bool
+    cwd: str | None = None  # defaulted: recipes written before it existed still load
 
     @staticmethod
     def path(state_dir: str | Path, service: str) -> Path:
@@ -118,6 +120,7 @@ def stop_tagged(tag: str, *, sig: int = signal.SIGKILL, timeout: float = 10.0) -
 def readiness(service: str, ep: Endpoints) -> Wait:
     """Return the wait that passes once ``service`` answers through its Toxiproxy proxy."""
     from harness.clients import db, kafka
+    from harness.clients.dtm import DtmClient
 
     admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
     waits = {
@@ -134,6 +137,13 @@ def readiness(service: str, ep: Endpoints) -> Wait:
             interval=0.2,
         ),
     }
+    if ep.dtm is not None:
+        waits["dtm"] = Wait(
+            "dtm HTTP API through its proxy",
+            DtmClient(ep.dtm.host, ep.dtm.port, timeout=1.0).answers,
+            timeout=START_TIMEOUT_S,
+            interval=0.05,
+        )
     if service not in waits:
         raise ConfigError(f"no readiness probe for {service!r}", hint=f"one of {', '.join(sorted(waits))}")
     return waits[service]
@@ -147,12 +157,15 @@ class Ports:
     kafka_internal: int
     kafka_controller: int
     toxiproxy_api: int
+    dtm: int
+    dtm_grpc: int
     proxy: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def pick(cls) -> Ports:
-        p = free_ports(9)
-        return cls(p[0], p[1], p[2], p[3], p[4], p[5], {"postgres": p[6], "activemq_stomp": p[7], "kafka": p[8]})
+        p = free_ports(12)
+        proxies = {"postgres": p[8], "activemq_stomp": p[9], "kafka": p[10], "dtm": p[11]}
+        return cls(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], proxies)
 
 
 def _pg_user() -> str | None:
@@ -220,6 +233,7 @@ class LocalProvider:
             self._spawn("postgres")
             self._spawn("activemq")
             self._spawn("kafka")
+            self._spawn("dtm")
             self.timings["toxiproxy"] = Wait(
                 "toxiproxy API", port_open("127.0.0.1", self.ports.toxiproxy_api), timeout=START_TIMEOUT_S
             ).run(self.procs["toxiproxy"])
@@ -235,8 +249,9 @@ class LocalProvider:
 
     def stop(self) -> None:
         """Stop every process group (Kafka and ActiveMQ first, Toxiproxy last) and remove data dirs."""
-        for name in ("kafka", "activemq", "postgres", "toxiproxy"):
-            sig = signal.SIGTERM if name != "kafka" else signal.SIGKILL
+        for name in ("dtm", "kafka", "activemq", "postgres", "toxiproxy"):
+            # Kafka and DTM: their data is thrown away, and DTM lingers 5.5 s after a SIGTERM.
+            sig = signal.SIGKILL if name in ("kafka", "dtm") else signal.SIGTERM
             proc = self.procs.pop(name, None)
             if proc is not None:
                 stop(proc, timeout=10, sig=sig)
@@ -244,7 +259,7 @@ class LocalProvider:
             stop_tagged(self._tag(name), sig=sig)
         if self._pg_data is not None:
             shutil.rmtree(self._pg_data, ignore_errors=True)
-        for sub in ("activemq", "kafka"):
+        for sub in DATA_DIRS:
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
 
     def __enter__(self) -> Endpoints:
@@ -274,6 +289,7 @@ class LocalProvider:
         log = self.state_dir / "logs" / f"{service}.log"
         tag = self._tag(service)
         user: str | None = None
+        cwd: Path | None = None
         if service == "toxiproxy":
             argv = [self._tools.toxiproxy, "-host", "127.0.0.1", "-port", str(self.ports.toxiproxy_api)]
         elif service == "postgres":
@@ -282,10 +298,16 @@ class LocalProvider:
             argv = self._activemq_argv()
         elif service == "kafka":
             argv = self._kafka_argv(fresh)
+        elif service == "dtm":
+            argv, cwd = self._dtm_argv(fresh)
         else:
-            raise ConfigError(f"unknown service {service!r}", hint="one of toxiproxy, postgres, activemq, kafka")
-        ServiceRecipe(service, [str(a) for a in argv], user, str(log), tag, self.detached).save(self.state_dir)
-        self.procs[service] = spawn(argv, name=service, tag=tag, log_path=log, user=user, detached=self.detached)
+            raise ConfigError(f"unknown service {service!r}", hint="one of toxiproxy, postgres, activemq, kafka, dtm")
+        recipe_cwd = str(cwd) if cwd else None
+        argv = [str(a) for a in argv]
+        ServiceRecipe(service, argv, user, str(log), tag, self.detached, recipe_cwd).save(self.state_dir)
+        self.procs[service] = spawn(
+            argv, name=service, tag=tag, log_path=log, user=user, detached=self.detached, cwd=cwd
+        )
 
     def _tag(self, service: str) -> str:
         return f"stack/{self.stack_id}/{service}"
@@ -457,6 +479,17 @@ class LocalProvider:
         tmp.rename(template) if not template.exists() else shutil.rmtree(tmp)
         return template
 
+    def _dtm_argv(self, fresh: bool) -> tuple[list[str], Path]:
+        """Return DTM's command and working directory (its embedded store file, dtm.bolt, lands there)."""
+        assert self._tools is not None
+        work = self.state_dir / "dtm"
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        config = work / "dtm.yml"
+        config.write_text(dtm.render(dtm.CONFIG.read_text(), http_port=self.ports.dtm, grpc_port=self.ports.dtm_grpc))
+        return [self._tools.dtm, "-c", str(config)], work
+
     # -- wiring --------------------------------------------------------------------------------
     def _endpoints(self) -> Endpoints:
         p = self.ports
@@ -470,6 +503,7 @@ class LocalProvider:
             postgres=ep("postgres", p.postgres),
             stomp=ep("activemq_stomp", p.stomp),
             kafka=ep("kafka", p.kafka),
+            dtm=ep("dtm", p.dtm),
             toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
             db_user=topology.DB_USER,
             db_password=topology.DB_PASSWORD,
@@ -481,7 +515,8 @@ class LocalProvider:
         from harness.clients.toxiproxy import ToxiproxyAdmin
 
         admin = ToxiproxyAdmin(ep.toxiproxy_api)
-        for e in (ep.postgres, ep.stomp, ep.kafka):
+        for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm):
+            assert e is not None
             admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
 
     def _wait_one(self, service: str, ep: Endpoints) -> float:
@@ -501,7 +536,9 @@ class LocalProvider:
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in ("postgres", "activemq", "kafka")]
+        threads = [
+            threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in ("postgres", "activemq", "kafka", "dtm")
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -515,6 +552,6 @@ def stop_detached(stack_id: str) -> list[str]:
     reaped = reap_orphans(include_detached_tag=f"stack/{stack_id}/")
     for pg in Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack_id}-*"):
         shutil.rmtree(pg, ignore_errors=True)
-    for sub in ("activemq", "kafka"):
+    for sub in DATA_DIRS:
         shutil.rmtree(stacks_root() / stack_id / sub, ignore_errors=True)
     return reaped

@@ -34,19 +34,24 @@ ACTIVEMQ = Service("activemq", "6.1.8", "apache/activemq-classic:6.1.8", 61613)
 KAFKA = Service("kafka", "4.1.2", "apache/kafka:4.1.2", 9092)
 # Built with `go install` in both providers: the project's own image is not on Docker Hub.
 TOXIPROXY = Service("toxiproxy", "2.12.0", "golang:1.24", 8474)
+# The DTM server's HTTP API (2-phase messages). The image's tags carry no leading "v".
+DTM = Service("dtm", "1.19.0", "yedf/dtm:1.19.0", 36789)
 
-SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY)
+SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY, DTM)
 
 # Fixed proxy ports for docker (published on the host); the local provider picks free ports instead.
 PROXIES: tuple[ProxyRoute, ...] = (
     ProxyRoute("postgres", "postgres", POSTGRES.port, 15432),
     ProxyRoute("activemq_stomp", "activemq", ACTIVEMQ.port, 16613),
     ProxyRoute("kafka", "kafka", KAFKA.port, 19092),
+    ProxyRoute("dtm", "dtm", DTM.port, 16789),
 )
 
 # Kafka's second listener, for the broker itself (controller and inter-broker): never proxied.
 KAFKA_INTERNAL_PORT = 29092
 KAFKA_CONTROLLER_PORT = 29093
+# DTM's gRPC listener cannot be switched off; nothing in the harness speaks gRPC, so it is not proxied.
+DTM_GRPC_PORT = 36790
 
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 

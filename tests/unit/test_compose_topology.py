@@ -61,11 +61,12 @@ def test_compose_agrees_with_topology(
 
 def test_services_and_pinned_versions(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", "activemq", "kafka", "toxiproxy"}
+    assert set(services) == {"postgres", "activemq", "kafka", "toxiproxy", "dtm"}
     assert services["postgres"]["image"] == "postgres:15"
     assert services["activemq"]["image"] == "apache/activemq-classic:6.1.8"
     assert services["kafka"]["image"] == "apache/kafka:4.1.2"
     assert services["toxiproxy"]["image"] == "golang:1.24"
+    assert services["dtm"]["image"] == "yedf/dtm:1.19.0"
     install = " ".join(" ".join(services["toxiproxy"]["command"]).split())
     assert "go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0" in install
     for service in services.values():
@@ -74,7 +75,7 @@ def test_services_and_pinned_versions(compose: dict[str, Any]) -> None:
 
 def test_only_toxiproxy_publishes_ports(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    for name in ("postgres", "activemq", "kafka"):
+    for name in ("postgres", "activemq", "kafka", "dtm"):
         assert "ports" not in services[name], f"{name} must be reachable only through Toxiproxy"
     published = {str(p) for p in services["toxiproxy"]["ports"]}
     expected = {f"127.0.0.1:{p}:{p}" for p in (8474, *(r.listen_port for r in topo.PROXIES))}
@@ -120,15 +121,27 @@ def test_activemq_mounts_the_shared_broker_config(compose: dict[str, Any]) -> No
     assert f"-Dtxchaos.stomp.port={topo.ACTIVEMQ.port}" in activemq["environment"]["ACTIVEMQ_OPTS"].split()
 
 
+def test_dtm_runs_the_shared_config_behind_its_proxy(compose: dict[str, Any], proxies: list[dict[str, Any]]) -> None:
+    service = compose["services"]["dtm"]
+    assert "./fixtures/dtm/dtm.yml:/app/dtm/configs/txchaos.yml:ro" in service["volumes"]
+    assert service["command"] == ["-c", "/app/dtm/configs/txchaos.yml"]
+    route = topo.proxy_for("dtm")
+    assert {"name": "dtm", "listen": f"0.0.0.0:{route.listen_port}", "upstream": "dtm:36789", "enabled": True} in (
+        proxies
+    )
+    assert '"dtm"' in " ".join(compose["services"]["toxiproxy"]["healthcheck"]["test"])
+
+
 def test_endpoints_are_the_proxy_side(tmp_path: Path) -> None:
     ep = compose_endpoints("txchaos", tmp_path)
-    for field, service in (("postgres", "postgres"), ("stomp", "activemq"), ("kafka", "kafka")):
+    for field, service in (("postgres", "postgres"), ("stomp", "activemq"), ("kafka", "kafka"), ("dtm", "dtm")):
         endpoint = getattr(ep, field)
         route = topo.proxy_for(service)
         assert (endpoint.host, endpoint.port) == (PUBLISHED_HOST, route.listen_port)
         assert endpoint.proxy == route.name
         assert (endpoint.upstream_host, endpoint.upstream_port) == (service, route.port)
     assert ep.toxiproxy_api == "http://127.0.0.1:8474"
+    assert ep.dtm_url == f"http://127.0.0.1:{topo.proxy_for('dtm').listen_port}/api/dtmsvr"
     assert (ep.provider, ep.stack_id, ep.db_user) == ("docker", "txchaos", topo.DB_USER)
 
 
@@ -200,6 +213,43 @@ def _no_healthcheck(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
     del c["services"]["activemq"]["healthcheck"]
 
 
+def _publish_dtm(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    c["services"]["dtm"]["ports"] = ["127.0.0.1:36789:36789"]
+
+
+def _drop_dtm_proxy(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
+    p[:] = [entry for entry in p if entry["name"] != "dtm"]
+
+
+def _dtm_upstream_grpc(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
+    next(entry for entry in p if entry["name"] == "dtm")["upstream"] = "dtm:36790"
+
+
+def _other_dtm_tag(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    c["services"]["dtm"]["image"] = "yedf/dtm:latest"
+
+
+def _dtm_config_elsewhere(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    c["services"]["dtm"]["volumes"] = ["./elsewhere/dtm.yml:/app/dtm/configs/txchaos.yml:ro"]
+
+
+def _dtm_default_command(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    del c["services"]["dtm"]["command"]
+
+
+def _dtm_port_from_env(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    c["services"]["dtm"]["environment"] = {"HTTP_PORT": "8080"}
+
+
+def _no_dtm_service(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    del c["services"]["dtm"]
+
+
+def _toxiproxy_health_ignores_dtm(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
+    health = c["services"]["toxiproxy"]["healthcheck"]
+    health["test"] = [part.replace("""&& grep -q '"dtm"' /tmp/proxies""", "") for part in health["test"]]
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
@@ -229,6 +279,15 @@ def _no_healthcheck(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
         (_extra_service, "compose services"),
         (_host_network, "network_mode"),
         (_no_healthcheck, "activemq: no healthcheck"),
+        (_publish_dtm, "dtm: publishes"),
+        (_drop_dtm_proxy, "proxies.json"),
+        (_dtm_upstream_grpc, "proxies.json"),
+        (_other_dtm_tag, "dtm: image"),
+        (_dtm_config_elsewhere, "dtm.yml is not mounted"),
+        (_dtm_default_command, "dtm: command"),
+        (_dtm_port_from_env, "dtm: environment sets ['HTTP_PORT']"),
+        (_no_dtm_service, "compose services"),
+        (_toxiproxy_health_ignores_dtm, "healthcheck does not wait for proxy 'dtm'"),
     ],
 )
 def test_comparison_reports_drift(
