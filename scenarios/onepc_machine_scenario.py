@@ -48,7 +48,9 @@ def test_naive_stage_is_caught_and_shrunk(txchaos_stack: Endpoints) -> None:
         f"naive 1PC: first counterexample at example {found[0]} after {found[1]:.0f}s; shrunk to "
         f"{len(steps)} steps after {machine.examples} examples, {took:.0f}s in all: {steps}"
     )
-    assert "arm_crash('after_db_commit')" in steps, steps
+    # The shrunk program redelivers a message whose effect is committed: a crash or a forced
+    # redelivery after the DB commit.
+    assert any("'after_db_commit'" in step for step in steps), steps
     assert len(steps) <= 6, steps
     assert "seed:" in str(failure.value)
     assert "run folder:" in str(failure.value)

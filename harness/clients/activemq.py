@@ -8,6 +8,7 @@ in the ledger means the broker said so.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import socket
@@ -122,12 +123,14 @@ class StompClient:
     def subscribe(self, name: str, *, ack: str = "client-individual", prefetch: int = 1) -> str:
         """Subscribe to queue ``name``; returns the subscription id."""
         sub_id = f"sub-{next(self._ids)}"
-        self._conn.subscribe(queue_dest(name), id=sub_id, ack=ack, headers={"activemq.prefetchSize": str(prefetch)})
+        with self._frame(f"SUBSCRIBE {name}"):
+            self._conn.subscribe(queue_dest(name), id=sub_id, ack=ack, headers={"activemq.prefetchSize": str(prefetch)})
         self._subs[sub_id] = name
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
-        self._conn.unsubscribe(id=sub_id)
+        with self._frame(f"UNSUBSCRIBE {sub_id}"):
+            self._conn.unsubscribe(id=sub_id)
         self._subs.pop(sub_id, None)
 
     def receive(self, timeout: float) -> Message | None:
@@ -141,14 +144,16 @@ class StompClient:
 
     def ack(self, msg: Message, *, transaction: str | None = None) -> None:
         # stomp.py 9 / STOMP 1.2: the second positional argument is the transaction.
-        self._conn.ack(msg.ack_id, transaction=transaction)
+        with self._frame("ACK"):
+            self._conn.ack(msg.ack_id, transaction=transaction)
 
     def nack(self, msg: Message, *, transaction: str | None = None) -> None:
         """NACK ``msg``; outside any transaction, as the broker answers a transacted NACK with ERROR.
 
         ``transaction`` exists only so tests can prove that rejection (tests/integration/test_activemq_facts.py).
         """
-        self._conn.nack(msg.ack_id, transaction=transaction)
+        with self._frame("NACK"):
+            self._conn.nack(msg.ack_id, transaction=transaction)
 
     # -- producing and transactions ----------------------------------------------------------
     def send(
@@ -163,11 +168,13 @@ class StompClient:
         all_headers = {"persistent": "true" if persistent else "false", **(headers or {})}
         if transaction:
             all_headers["transaction"] = transaction
-        self._conn.send(queue_dest(name), body, headers=all_headers)
+        with self._frame(f"SEND {name}"):
+            self._conn.send(queue_dest(name), body, headers=all_headers)
 
     def begin(self) -> str:
         tx = f"tx-{uuid.uuid4().hex[:12]}"
-        self._conn.begin(transaction=tx)
+        with self._frame("BEGIN"):
+            self._conn.begin(transaction=tx)
         return tx
 
     def commit(self, tx: str) -> None:
@@ -181,12 +188,21 @@ class StompClient:
         receipt = f"r-{uuid.uuid4().hex[:12]}"
         event = self._listener.receipts[receipt] = threading.Event()
         try:
-            send(receipt)
+            with self._frame(what):
+                send(receipt)
             if not event.wait(RECEIPT_TIMEOUT_S):
                 raise HarnessError(f"no RECEIPT for {what} from {self.host}:{self.port} in {RECEIPT_TIMEOUT_S}s")
         finally:
             self._listener.receipts.pop(receipt, None)
         self._raise_if_broken()
+
+    @contextlib.contextmanager
+    def _frame(self, what: str) -> Iterator[None]:
+        """Turn stomp.py's and the socket's errors while sending a frame into a HarnessError."""
+        try:
+            yield
+        except (StompException, OSError) as exc:
+            raise HarnessError(f"STOMP {what} to {self.host}:{self.port} failed: {exc!r}") from exc
 
     def _raise_if_broken(self) -> None:
         if self._listener.errors:

@@ -1,9 +1,16 @@
-"""A state machine for a stage pattern: submit, arm crash points, slow or cut the network.
+"""A state machine for a stage pattern: submit, crash, force redeliveries, slow the network, restart the broker.
 
 Each example is one ``RunSession``: a fresh namespace, tables truncated, toxics removed. Rules
 act while the flow runs; the invariant "no duplicate effect" is checked after every step, and
-"nothing lost, nothing stuck" (the full verdict) after quiescence in ``teardown``. A failure
+"nothing lost, nothing stuck" (the full verdict) after quiescence in ``teardown``, which is where
+any failure is raised (see ``no_duplicate_effect``). A failure
 carries the run folder, the seed and the step list; Hypothesis shrinks it to a short program.
+
+What the rules may choose from is class data, so a pattern widens it without new rules:
+``crash_points`` (its own points, e.g. ``after_external_call``), ``redelivery_actions``
+(add ``nack`` only on a broker with the redelivery plugin: without it a NACK dead-letters at
+once), ``poison`` (also submit poison messages) and ``broker_restarts`` (kill -9 and restart
+ActiveMQ while the flow runs; each costs seconds).
 
 Subclass, or bind one with ``stage_machine(spec, endpoints)``:
 
@@ -24,12 +31,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError
+from harness.faults.broker import kill_service, restart_service
 from harness.ledger.schema import Kind
 from harness.run.runner import RunResult, RunSession
 from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")
+REDELIVERY_POINTS = ("before_db_commit", "after_db_commit")
+REDELIVERY_ACTIONS = ("abort_unsubscribe", "disconnect")
 PROXIES = ("activemq_stomp", "postgres")
 
 
@@ -38,6 +48,11 @@ class StageMachine(RuleBasedStateMachine):
 
     spec: ClassVar[ScenarioSpec]
     endpoints: ClassVar[Endpoints]
+    crash_points: ClassVar[tuple[str, ...]] = CRASH_POINTS
+    redelivery_points: ClassVar[tuple[str, ...]] = REDELIVERY_POINTS
+    redelivery_actions: ClassVar[tuple[str, ...]] = REDELIVERY_ACTIONS
+    poison: ClassVar[bool] = False
+    broker_restarts: ClassVar[bool] = False
     # The steps of the last example, in order: after a failure, the shrunk counterexample.
     last_steps: ClassVar[list[str]] = []
     last_result: ClassVar[RunResult | None] = None
@@ -58,6 +73,7 @@ class StageMachine(RuleBasedStateMachine):
         self.run = RunSession(spec, cls.endpoints).open()
         self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
         self.toxics: set[tuple[str, str]] = set()
+        self.first_duplicate: tuple[int, list[str]] | None = None
         note(f"run folder: {self.run.folder.path}")
 
     def _step(self, text: str) -> None:
@@ -69,11 +85,39 @@ class StageMachine(RuleBasedStateMachine):
         self._step(f"submit({n})")
         self.run.submit(n)
 
-    @rule(point=st.sampled_from(CRASH_POINTS))
-    def arm_crash(self, point: str) -> None:
-        """Kill the worker at ``point`` while it processes the next operation submitted."""
+    @rule(data=st.data())
+    def arm_crash(self, data: st.DataObject) -> None:
+        """Kill the worker at a point while it processes the next operation submitted."""
+        point = data.draw(st.sampled_from(type(self).crash_points), label="point")
         self._step(f"arm_crash({point!r})")
         self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops)))
+
+    @precondition(lambda self: bool(type(self).redelivery_actions))
+    @rule(data=st.data())
+    def force_redelivery(self, data: st.DataObject) -> None:
+        """Make the worker give the next operation's message back: NACK, ABORT+UNSUBSCRIBE, disconnect."""
+        cls = type(self)
+        point = data.draw(st.sampled_from(cls.redelivery_points), label="point")
+        action = data.draw(st.sampled_from(cls.redelivery_actions), label="action")
+        self._step(f"force_redelivery({point!r}, {action!r})")
+        self.run.arm(Crash(point, action=action), op=self.run.op_id(len(self.run.ops)))
+
+    @precondition(lambda self: type(self).poison)
+    @rule()
+    def submit_poison(self) -> None:
+        """Submit one message that crashes the worker on every delivery."""
+        self._step("submit_poison()")
+        self.run.submit(1, poison=True)
+
+    @precondition(lambda self: type(self).broker_restarts)
+    @rule()
+    def restart_broker(self) -> None:
+        """kill -9 ActiveMQ and start it again on its data, while the flow runs."""
+        self._step("restart_broker()")
+        self.run.ledger.emit(Kind.FAULT_START, point="kill:activemq")
+        kill_service(type(self).endpoints, "activemq")
+        took = restart_service(type(self).endpoints, "activemq")
+        self.run.ledger.emit(Kind.FAULT_END, point="kill:activemq", restart_s=round(took, 3))
 
     @rule(proxy=st.sampled_from(PROXIES), latency_ms=st.sampled_from([20, 150]))
     def slow_network(self, proxy: str, latency_ms: int) -> None:
@@ -98,8 +142,7 @@ class StageMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------------
     def _violated(self, message: str) -> None:
         """Fail the example. One raise site on purpose: Hypothesis tells failures apart by where
-        they are raised, and the same anomaly seen by the step invariant or by the final verdict
-        must shrink as one bug, not as two."""
+        they are raised, and every anomaly of a program must shrink as one bug, not as several."""
         cls = type(self)
         if cls.found_at is None and cls.started_at is not None:
             cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
@@ -107,12 +150,18 @@ class StageMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_duplicate_effect(self) -> None:
-        duplicated = self.run.duplicate_effects()
-        if duplicated:
-            self._violated(
-                f"duplicate-effect on {duplicated}\nrun folder: {self.run.folder.path}\nseed: {self.run.spec.seed}\n"
-                f"steps: {' -> '.join(type(self).last_steps)}"
-            )
+        """Check after every step; the failure is raised in ``teardown``, after quiescence.
+
+        A real flow's timing varies: the same program may show its duplicate after step 2 on one
+        run and after step 3 on the replay. Raising here would make the example stop at a
+        different step each time, which Hypothesis rejects as flaky data generation and cannot
+        shrink. The step where it was first seen is kept and reported.
+        """
+        if self.first_duplicate is None:
+            duplicated = self.run.duplicate_effects()
+            if duplicated:
+                self.first_duplicate = (len(type(self).last_steps), duplicated)
+                note(f"duplicate-effect on {duplicated} after step {len(type(self).last_steps)}")
 
     def teardown(self) -> None:
         try:
@@ -122,9 +171,13 @@ class StageMachine(RuleBasedStateMachine):
         type(self).last_result = result
         verdict = result.verdict
         note(f"verdict: {verdict.headline()}")
-        if not verdict.clean:
+        seen = ""
+        if self.first_duplicate is not None:
+            step, ops = self.first_duplicate
+            seen = f"\nduplicate-effect on {ops} already after step {step}"
+        if not verdict.clean or seen:
             self._violated(
-                f"{verdict.headline()}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
+                f"{verdict.headline()}{seen}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
                 f"steps: {' -> '.join(type(self).last_steps)}"
             )
 

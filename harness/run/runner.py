@@ -111,9 +111,7 @@ class RunSession:
                 folder.step(f"start {stage.workers} {stage.name} worker(s) running {stage.handler} on {queue}")
             for helper in spec.helpers:
                 folder.step(f"start helper {helper.name} running {helper.handler}")
-            self._producer = StompClient(
-                ep.stomp.host, ep.stomp.port, client_id=f"txchaos-driver-{folder.run_id}", heartbeats=(0, 0)
-            )
+            self._producer_client()
         except BaseException:
             self._heal()
             raise
@@ -163,24 +161,44 @@ class RunSession:
             self._heal()
 
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int) -> list[str]:
-        """Submit ``count`` new operations (requester-made ids) and return their ids."""
-        assert self._producer is not None, "open() first"
+    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+        """Submit ``count`` new operations (requester-made ids) and return their ids.
+
+        ``poison`` marks them as poison messages (as do the spec's ``poison`` numbers). A broker
+        connection lost meanwhile (a broker restart) is opened again once; operations already
+        sent stay sent, and the ledger holds a SUBMIT for each before it goes out.
+        """
         new = [self.op_id(next(self._numbers)) for _ in range(count)]
         for op in new:
             n = len(self.ops)
-            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
             fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
-            if n in self.spec.poison:
+            if poison or n in self.spec.poison:
                 fields["poison"] = True
-            body = json.dumps(fields)
-            self._producer.send(self.input_queue, body, headers={"txchaos-op": op})
+            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
+            self._send(json.dumps(fields), op)
             self.ops.append(op)
         # An empty transaction's ABORT receipt proves the broker has taken every SEND before it.
-        self._producer.abort(self._producer.begin())
-        self.folder.step(f"submit {count} operation(s) to {self.input_queue}")
+        self._producer_client().abort(self._producer_client().begin())
+        self.folder.step(f"submit {count} {'poison ' if poison else ''}operation(s) to {self.input_queue}")
         self.progress(f"submitted {len(self.ops)} operations")
         return new
+
+    def _producer_client(self) -> StompClient:
+        if self._producer is None:
+            ep = self.endpoints.stomp
+            self._producer = StompClient(
+                ep.host, ep.port, client_id=f"txchaos-driver-{self.folder.run_id}", heartbeats=(0, 0)
+            )
+        return self._producer
+
+    def _send(self, body: str, op: str) -> None:
+        try:
+            self._producer_client().send(self.input_queue, body, headers={"txchaos-op": op})
+        except HarnessError:
+            if self._producer is not None:
+                self._producer.close()
+            self._producer = None  # the broker went away (a restart): one new connection, then fail
+            self._producer_client().send(self.input_queue, body, headers={"txchaos-op": op})
 
     def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
         """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
