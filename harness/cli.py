@@ -233,7 +233,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    module = "harness.bench.stack" if args.what == "stack" else "harness.bench.verify"
+    module = f"harness.bench.{args.what}"
     bench_main: Callable[[list[str]], int] = importlib.import_module(module).main
     return bench_main(args.bench_args)
 
@@ -283,8 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("tool", choices=("synth",))
     p.set_defaults(func=_forward("harness.verify.cli", "synth_main"), passthrough="forward_args")
 
-    p = sub.add_parser("bench", help="benchmarks: `stack` (start, reset, throughput) or `verify` (ledger engines)")
-    p.add_argument("what", choices=("stack", "verify"))
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
+        "`machines` (state machines per pattern)",
+    )
+    p.add_argument("what", choices=("stack", "verify", "machines"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 

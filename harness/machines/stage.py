@@ -69,7 +69,7 @@ class StageMachine(RuleBasedStateMachine):
         if cls.started_at is None:
             cls.started_at = time.monotonic()
         cls.last_steps = []
-        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=20.0)
+        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, 20.0))
         self.run = RunSession(spec, cls.endpoints).open()
         self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
         self.toxics: set[tuple[str, str]] = set()
@@ -85,6 +85,7 @@ class StageMachine(RuleBasedStateMachine):
         self._step(f"submit({n})")
         self.run.submit(n)
 
+    @precondition(lambda self: bool(type(self).crash_points))
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
         """Kill the worker at a point while it processes the next operation submitted."""

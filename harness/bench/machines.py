@@ -1,0 +1,177 @@
+"""Benchmark the Hypothesis state machines against the real stack, per pattern.
+
+For each pattern's bad variant: how many examples and seconds until the first counterexample,
+how long the shrunk counterexample is, and how many examples shrinking took. For its fixed
+variant: examples per minute over a run of examples that all pass (pure example throughput).
+No example database: every search starts from nothing, as on a fresh CI checkout.
+
+Targets (issue 3): bad variants found in <= 60 s each; >= 30 examples/minute.
+Run: ``txchaos bench machines [--patterns onepc,poison] [--fixed-examples 20] [--no-write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+from rich.console import Console
+
+from harness.bench.report import table, write_section
+from harness.machines.profiles import profile
+from harness.machines.stage import StageMachine, stage_machine
+from harness.run.spec import ScenarioSpec
+from harness.stack.base import Endpoints
+from harness.stack.local import LocalProvider
+from harness.verify.model import FlowContract
+
+console = Console(emoji=False, soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One pattern: its bad and fixed specs, the machine's extra rules, the anomaly to find."""
+
+    pattern: str
+    bad: ScenarioSpec
+    fixed: ScenarioSpec
+    anomaly: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _onepc(variant: str, handler: str) -> ScenarioSpec:
+    return ScenarioSpec(
+        name="onepc_machine",
+        variant=variant,
+        handler=f"harness.patterns.onepc:{handler}",
+        schema="onepc",
+        effect_table="onepc_effects",
+        options={"table": "onepc_effects"},
+    )
+
+
+def _poison(variant: str, handler: str) -> ScenarioSpec:
+    # A poison example waits for its timeout (the message never comes out): keep it short, but
+    # long enough for more than max_deliveries crash-and-redeliver cycles.
+    return ScenarioSpec(
+        name="poison_machine",
+        variant=variant,
+        handler=f"harness.patterns.poison:{handler}",
+        schema="poison",
+        effect_table="poison_effects",
+        timeout_s=5.0,
+        contract=FlowContract(max_deliveries=10),
+    )
+
+
+TARGETS: dict[str, Callable[[], Target]] = {
+    "onepc": lambda: Target(
+        "1PC stage", _onepc("naive", "naive"), _onepc("cts", "check_then_skip"), "duplicate-effect"
+    ),
+    "poison": lambda: Target(
+        "poison message",
+        _poison("crashing", "crashing"),
+        _poison("counter", "attempt_counter"),
+        "never-dead-lettered-poison",
+        {"poison": True, "crash_points": (), "redelivery_actions": ()},
+    ),
+}
+
+
+def _search(target: Target, endpoints: Endpoints, cap: int) -> dict[str, Any]:
+    machine: type[StageMachine] = stage_machine(target.bad, endpoints, **target.attrs)
+    started = time.monotonic()
+    found_error = ""
+    try:
+        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=cap, database=None))
+    except AssertionError as exc:
+        found_error = str(exc)
+    took = time.monotonic() - started
+    found = machine.found_at
+    return {
+        "found": found is not None and target.anomaly in found_error,
+        "first_example": found[0] if found else None,
+        "first_s": found[1] if found else None,
+        "steps": list(machine.last_steps) if found else [],
+        "examples": machine.examples,
+        "total_s": took,
+    }
+
+
+def _throughput(target: Target, endpoints: Endpoints, examples: int) -> dict[str, Any]:
+    machine = stage_machine(target.fixed, endpoints, **target.attrs)
+    started = time.monotonic()
+    error = ""
+    try:
+        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=examples, database=None))
+    except AssertionError as exc:
+        error = str(exc).splitlines()[0]
+    took = time.monotonic() - started
+    return {"examples": machine.examples, "per_min": machine.examples / took * 60, "error": error}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="txchaos bench machines")
+    parser.add_argument("--patterns", default=",".join(TARGETS), help=f"comma-separated, from {', '.join(TARGETS)}")
+    parser.add_argument("--cap", type=int, default=100, help="most examples to search for a counterexample")
+    parser.add_argument(
+        "--fixed-examples", type=int, default=20, help="examples of each fixed variant, for examples/min"
+    )
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.patterns.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        parser.error(f"unknown pattern(s) {unknown}; choose from {', '.join(TARGETS)}")
+
+    rows: list[list[object]] = []
+    provider = LocalProvider()
+    endpoints = provider.start()
+    try:
+        for name in names:
+            target = TARGETS[name]()
+            with console.status(f"{target.pattern}: searching for {target.anomaly}"):
+                bad = _search(target, endpoints, args.cap)
+            with console.status(f"{target.pattern}: {args.fixed_examples} examples of the fixed variant"):
+                fixed = _throughput(target, endpoints, args.fixed_examples)
+            first = (
+                f"example {bad['first_example']}, {bad['first_s']:.0f} s"
+                if bad["found"]
+                else f"not found in {args.cap}"
+            )
+            rows.append(
+                [
+                    target.pattern,
+                    target.anomaly,
+                    first,
+                    f"{len(bad['steps'])}: {' -> '.join(bad['steps'])}" if bad["found"] else "-",
+                    f"{bad['examples']} ({bad['total_s']:.0f} s)",
+                    f"{fixed['per_min']:.0f}" + (f" (FAILED: {fixed['error']})" if fixed["error"] else ""),
+                ]
+            )
+            console.print(" | ".join(str(c) for c in rows[-1]))
+    finally:
+        provider.stop()
+    headers = [
+        "pattern",
+        "bad variant's anomaly",
+        "first counterexample",
+        "shrunk steps",
+        "examples incl. shrinking",
+        "fixed examples/min",
+    ]
+    text = table(headers, rows)
+    console.print(text)
+    if not args.no_write:
+        body = (
+            f"Command: `txchaos bench machines --patterns {','.join(names)} --cap {args.cap} "
+            f"--fixed-examples {args.fixed_examples}` (local provider, no example database).\n\n{text}\n\n"
+            "Targets: first counterexample <= 60 s; >= 30 examples/minute. Each example is a real run: "
+            "tables truncated, toxics removed, workers started, the program's steps, quiescence, verdict."
+        )
+        console.print(f"written to {write_section('State machines per pattern (issue 3)', body)}")
+    return 0

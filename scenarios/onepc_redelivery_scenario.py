@@ -1,0 +1,84 @@
+"""The 1PC stage under the redelivery randomizer's actions, not only a crash.
+
+A worker gives one message back to the broker after its DB commit, in each of the ways a real
+consumer does: ABORT then UNSUBSCRIBE, or a dropped connection before the ACK. Every way is a
+redelivery of a message whose effect is already committed, so the naive stage applies it twice
+and the check-then-skip stage must not. A NACK *before* the commit shows the broker fact the
+machines are told about: without the redelivery plugin a NACK dead-letters at once.
+
+- ``naive-<action>``: -> duplicate-effect on the given-back operation
+- ``check-then-skip-<action>``: -> clean
+- ``naive-nack``: NACK before the DB commit -> dead-lettered (nothing applied, nothing redelivered)
+
+Run it: ``txchaos run onepc_redelivery[:VARIANT] --seed N`` or ``pytest scenarios/``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from harness import Crash, ScenarioSpec
+
+NAME = "onepc_redelivery"
+MESSAGES = 10
+ACTIONS = ("abort_unsubscribe", "disconnect")
+
+
+def given_back_index(seed: int) -> int:
+    """Return which operation is given back to the broker, for ``seed``."""
+    return random.Random(seed).randrange(MESSAGES)
+
+
+def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
+    """Return the scenario's variants at ``seed``."""
+    n = given_back_index(seed)
+
+    def spec(variant: str, handler: str, crash: Crash, expect: set[str]) -> ScenarioSpec:
+        return ScenarioSpec(
+            name=NAME,
+            variant=variant,
+            handler=f"harness.patterns.onepc:{handler}",
+            schema="onepc",
+            effect_table="onepc_effects",
+            options={"table": "onepc_effects"},
+            crashes=(crash,),
+            messages=MESSAGES,
+            seed=seed,
+            settle_s=0.3,
+            timeout_s=30,
+            expect=frozenset(expect),
+        )
+
+    out: dict[str, ScenarioSpec] = {}
+    for action in ACTIONS:
+        crash = Crash("after_db_commit", op_index=n, action=action)
+        label = action.replace("_", "-")
+        out[f"naive-{label}"] = spec(f"naive-{label}", "naive", crash, {"duplicate-effect"})
+        out[f"check-then-skip-{label}"] = spec(f"check-then-skip-{label}", "check_then_skip", crash, set())
+    nack = Crash("before_db_commit", op_index=n, action="nack")
+    out["naive-nack"] = spec("naive-nack", "naive", nack, {"dead-lettered"})
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.activemq
+@pytest.mark.parametrize("variant", list(variants()))
+def test_redelivery_actions(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
+    spec = variants(3)[variant]
+    result = txchaos_run(spec)
+    verdict = result.verdict
+    given_back = f"{variant}-s3-op{given_back_index(3):05d}"
+    assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
+    for anomaly in spec.expect:
+        assert verdict.ops(anomaly) == {given_back}
+    assert verdict.stats["crashes"] == 0  # given back, not killed: the worker never restarted
+    assert verdict.stats["submitted"] == MESSAGES
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["run", NAME, *sys.argv[1:]]))
