@@ -15,17 +15,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from harness.clients import db
 from harness.clients.activemq import StompClient, drain
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
+from harness.faults.base import active
 from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.folder import RunFolder
 from harness.run.sink import Sink, op_of
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
@@ -219,6 +221,15 @@ class RunSession:
         self.folder.step(f"arm {crash.action} at {crash.point} on {on}{who}")
         return arm
 
+    def hold_fault(self, window: FaultWindow) -> None:
+        """Apply ``window``'s fault, let the flow run under it for ``hold_s``, then heal it."""
+        fault: Any = window.fault
+        bound = fault.on(self.endpoints) if window.target is None else fault.on(window.target, self.endpoints)
+        self.folder.step(f"fault {window.describe()}")
+        with active(bound, self.ledger):
+            time.sleep(window.hold_s)
+        self.progress(f"healed {bound.name}")
+
     def op_id(self, n: int) -> str:
         """Return the id of the run's operation number ``n`` (deterministic, so a seed replays)."""
         return f"{self.spec.variant}-s{self.spec.seed}-op{n:05d}"
@@ -265,8 +276,11 @@ class RunSession:
             )
             for i in range(count)
         ]
+        # A helper that feeds a stage (an outbox relay) finds its input queue here, keyed like the
+        # stage's worker names: "worker" for the first stage, then each chain stage's name.
+        queues = {prefix: queue for (prefix, *_), queue in zip(stages, self.stage_queues, strict=True)}
         for h in spec.helpers:
-            options = {**h.options, **({"port": self.helper_ports[h.name]} if h.port else {})}
+            options = {"queues": queues, **h.options, **({"port": self.helper_ports[h.name]} if h.port else {})}
             out.append(
                 worker(
                     h.name, h.name, h.handler, options, input_queue=self.input_queue, output_queue=None, kind="process"
@@ -290,9 +304,23 @@ class RunSession:
             time.sleep(0.02)
         else:
             self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
+        self._await_outbox(deadline)
         time.sleep(self.spec.settle_s)  # let late duplicates arrive before the books close
         out = len(sink.accounted() & want)
         self.folder.step(f"quiescence after {out}/{len(want)} out; {pool.restarts} restart(s)")
+
+    def _await_outbox(self, deadline: float) -> None:
+        """Wait (bounded by ``deadline``) until the outbox holds no unsent row.
+
+        An operation can come out before its outbox row is marked sent (a relay killed between
+        send and mark): the sweeper sends it again and marks it later. Snapshotting before then
+        would report a row that is about to be relayed as an orphan.
+        """
+        outbox, engine = self.spec.outbox_table, self._engine
+        if outbox is None or engine is None:
+            return
+        while time.monotonic() < deadline and db.column_values(engine, outbox, "op_id", where_null="sent_at"):
+            time.sleep(0.05)
 
     def _drain_residue(self) -> None:
         ep = self.endpoints.stomp
@@ -334,5 +362,10 @@ def run_scenario(
     with RunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
         for crash in spec.crashes:
             run.arm(crash)
-        run.submit(spec.messages)
+        for window in sorted(spec.faults, key=lambda w: w.after_ops):
+            if window.after_ops > len(run.ops):
+                run.submit(window.after_ops - len(run.ops))
+            run.hold_fault(window)
+        if spec.messages > len(run.ops):
+            run.submit(spec.messages - len(run.ops))
         return run.close()

@@ -45,6 +45,44 @@ class Crash:
         return f"arm {self.action} at {self.point} on {on}"
 
 
+NETWORK_TARGETS = ("activemq_stomp", "postgres", "kafka", "dtm")
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """Apply ``fault`` once ``after_ops`` operations are submitted; heal it ``hold_s`` later.
+
+    ``fault`` is a fault spec from ``harness.faults``: a toxic (``Latency(150)``, ``ResetPeer()``
+    ...) or ``Partition()`` on the proxy ``target``, or ``KillBroker("activemq")`` (no target:
+    the broker is killed with -9 and restarted on its data when the window heals). The flow keeps
+    running under the fault; the submissions after ``after_ops`` wait until it is healed.
+    """
+
+    fault: object
+    after_ops: int = 0
+    hold_s: float = 1.0
+    target: str | None = None
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.fault, "on"):
+            raise ConfigError(
+                f"fault {self.fault!r} is not a fault spec",
+                hint="use Latency(...), ResetPeer(), Partition(), KillBroker(...) from harness.faults",
+            )
+        if not 0 < self.hold_s <= 120:
+            raise ConfigError(f"fault hold_s={self.hold_s} is out of range", hint="hold a fault 0-120 seconds")
+        is_broker = type(self.fault).__name__ == "KillBroker"
+        if not is_broker and self.target not in NETWORK_TARGETS:
+            raise ConfigError(
+                f"network fault target {self.target!r} is not a proxy",
+                hint=f"target one of {', '.join(NETWORK_TARGETS)}",
+            )
+
+    def describe(self) -> str:
+        on = f" on {self.target}" if self.target else ""
+        return f"{self.fault!r}{on} after {self.after_ops} ops for {self.hold_s}s"
+
+
 @dataclass(frozen=True)
 class Stage:
     """A further stage of the flow: consumes the previous stage's output queue."""
@@ -109,6 +147,8 @@ class ScenarioSpec:
     poison: frozenset[int] = frozenset()
     # A transactional outbox (op_id, sent_at): rows never relayed are recorded as residue.
     outbox_table: str | None = None
+    # Faults applied while the flow runs, in order of after_ops.
+    faults: tuple[FaultWindow, ...] = ()
     # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides STAGE_POINTS.
     points: tuple[str, ...] = ()
 
@@ -119,6 +159,12 @@ class ScenarioSpec:
         names = ["worker", *(s.name for s in self.chain), *(h.name for h in self.helpers)]
         if len(set(names)) != len(names):
             raise ConfigError(f"stage and helper names repeat: {names}", hint="give each stage and helper its own name")
+        for window in self.faults:
+            if not 0 <= window.after_ops <= self.messages:
+                raise ConfigError(
+                    f"fault after_ops={window.after_ops} but the scenario sends {self.messages} messages",
+                    hint=f"choose after_ops from 0 to {self.messages}",
+                )
         bad = sorted(i for i in self.poison if not 0 <= i < self.messages)
         if bad:
             raise ConfigError(

@@ -70,3 +70,16 @@ def test_bad_helper_is_refused_where_it_is_made() -> None:
     with pytest.raises(ConfigError, match="no-colon") as info:
         Helper("relay", "no-colon")
     assert "package.module:function" in str(info.value)
+
+
+def test_fault_windows_are_checked_before_any_service_starts() -> None:
+    from harness import Latency
+    from harness.run.spec import FaultWindow
+
+    with pytest.raises(ConfigError, match="'activemq'") as info:
+        FaultWindow(Latency(100), target="activemq")
+    assert "activemq_stomp" in str(info.value)
+    with pytest.raises(ConfigError, match="after_ops=30"):
+        spec(messages=20, faults=(FaultWindow(Latency(100), after_ops=30, target="postgres"),))
+    with pytest.raises(ConfigError, match="not a fault spec"):
+        FaultWindow("latency", target="postgres")

@@ -1,0 +1,85 @@
+"""The 1PC stage with its crash in the gap, under each fault family: slow network, reset
+connections, a broker killed with -9 and restarted.
+
+Twenty orders; the worker is killed after the DB commit on one of them, and one fault window
+opens after the fifth order and holds for a while as the flow goes on. The fault must not hide
+the anomaly from the harness, and must not make the fixed stage fail:
+
+- ``naive-<fault>``: -> duplicate-effect, on the crashed operation at least
+- ``check-then-skip-<fault>``: -> clean
+
+Run it: ``txchaos run onepc_faults[:VARIANT] --seed N`` or ``pytest scenarios/``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from harness import Crash, KillBroker, Latency, ResetPeer, ScenarioSpec
+from harness.run.spec import FaultWindow
+
+NAME = "onepc_faults"
+MESSAGES = 20
+
+FAULTS = {
+    "latency": FaultWindow(Latency(150, jitter_ms=50), after_ops=5, hold_s=2.0, target="activemq_stomp"),
+    "db-reset": FaultWindow(ResetPeer(), after_ops=5, hold_s=0.5, target="postgres"),
+    "broker-kill": FaultWindow(KillBroker("activemq"), after_ops=5, hold_s=0.5),
+}
+
+
+def crashed_op_index(seed: int) -> int:
+    """Return which operation the worker is killed on, for ``seed`` (after the fault opens)."""
+    return random.Random(seed).randrange(6, MESSAGES)
+
+
+def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
+    """Return the scenario's variants at ``seed``."""
+    crash = Crash("after_db_commit", op_index=crashed_op_index(seed))
+
+    def spec(variant: str, handler: str, window: FaultWindow, expect: set[str]) -> ScenarioSpec:
+        return ScenarioSpec(
+            name=NAME,
+            variant=variant,
+            handler=f"harness.patterns.onepc:{handler}",
+            schema="onepc",
+            effect_table="onepc_effects",
+            options={"table": "onepc_effects"},
+            crashes=(crash,),
+            faults=(window,),
+            messages=MESSAGES,
+            seed=seed,
+            settle_s=0.3,
+            timeout_s=60,
+            expect=frozenset(expect),
+        )
+
+    out: dict[str, ScenarioSpec] = {}
+    for label, window in FAULTS.items():
+        out[f"naive-{label}"] = spec(f"naive-{label}", "naive", window, {"duplicate-effect"})
+        out[f"check-then-skip-{label}"] = spec(f"check-then-skip-{label}", "check_then_skip", window, set())
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.activemq
+@pytest.mark.parametrize("variant", list(variants()))
+def test_crash_gap_under_faults(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
+    spec = variants(0)[variant]
+    result = txchaos_run(spec)
+    verdict = result.verdict
+    crashed = f"{variant}-s0-op{crashed_op_index(0):05d}"
+    assert set(verdict.found()) == set(spec.expect), verdict.headline()
+    if spec.expect:
+        assert crashed in verdict.ops("duplicate-effect")
+    assert verdict.stats["submitted"] == MESSAGES
+    assert result.as_expected
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["run", NAME, *sys.argv[1:]]))
