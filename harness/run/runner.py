@@ -293,10 +293,21 @@ class RunSession:
         want = set(self.ops)
         deadline = time.monotonic() + self.spec.timeout_s
         last_report = 0
+        # A crash loop (a poison message) never ends on its own: once the workers have died more
+        # often than the contract's max_deliveries with nothing coming out, stop waiting for it.
+        limit = self.spec.contract.max_deliveries
+        progressed, restarts_then = -1, pool.restarts
         while time.monotonic() < deadline:
             sink.check()
             done = len(want & sink.accounted())
             if done == len(want):
+                break
+            if done > progressed:
+                progressed, restarts_then = done, pool.restarts
+            elif limit is not None and pool.restarts - restarts_then > limit:
+                looped = pool.restarts - restarts_then
+                self.progress(f"crash loop: {looped} worker restarts and no operation out; not waiting longer")
+                self.folder.step(f"crash loop: {looped} restarts with {len(want) - done} operation(s) not out")
                 break
             if done - last_report >= max(1, len(want) // 10):
                 self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
