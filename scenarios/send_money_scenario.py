@@ -18,8 +18,8 @@ from a killed worker (SIGKILL at a crash point), and a NACK dead-letters at once
   dead-lettered with an alert -> clean
 - ``guarded-bank-crash``: the bank is killed before and after executing a transfer (the stage
   cannot tell which) -> both dead-lettered with an alert, zero and one transfer -> clean
-- ``optimistic``: books and emits what it finds CALLING -> the verdict is clean, but the payment is
-  booked with no transfer: only the send-money invariant (``send_money.violations``) sees it
+- ``optimistic``: books and emits what it finds CALLING -> the payment is booked with no transfer
+  and nothing is flagged: lost (the contract says each operation's effect is one bank transfer)
 
 Each test also reads the run's ledger and the bank's own table: the bank's book must match the
 ledger, and every operation's outcome must be the one listed in ``outcomes``.
@@ -41,7 +41,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import Crash, Endpoints, Helper, Kind, LocalProvider, ScenarioSpec, read_ledger, run_scenario
+from harness import (
+    Crash,
+    Endpoints,
+    FlowContract,
+    Helper,
+    Kind,
+    LocalProvider,
+    ScenarioSpec,
+    read_ledger,
+    run_scenario,
+)
 from harness.clients import db
 from harness.patterns import bank, send_money
 from harness.patterns.send_money import Outcome
@@ -94,6 +104,8 @@ def _spec(
         options={"raise_after_call": list(raise_after_call)},
         helpers=(Helper("bank", "harness.patterns.bank:main", port=True),),
         points=(*send_money.POINTS, *bank.POINTS),
+        # The operation's real effect is the transfer: booked without one and not parked is lost.
+        contract=FlowContract(min_external_calls=1),
         expect=frozenset(expect),
     )
 
@@ -116,7 +128,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         _spec("guarded-every-point", "guarded", seed, set(), every_point),
         _spec("guarded-raise", "guarded", seed, set(), raise_after_call=(a,)),
         _spec("guarded-bank-crash", "guarded", seed, set(), bank_crashes),
-        _spec("optimistic", "optimistic", seed, set(), (Crash("after_state_calling", op_index=a),)),
+        _spec("optimistic", "optimistic", seed, {"lost"}, (Crash("after_state_calling", op_index=a),)),
     ]
     return {s.variant: s for s in specs}
 

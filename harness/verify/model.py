@@ -118,10 +118,13 @@ class FlowContract:
     effect without one means the flow stopped.
     ``max_deliveries``: more deliveries than this, never dead-lettered and never applied, is a
     poison message the flow redelivers forever; None switches the rule off.
+    ``min_external_calls``: the operation's real effect is an external call (a transfer): an
+    operation that was not parked (DLQ, queue) and made fewer calls is lost, whatever it booked.
     """
 
     expects_downstream: bool = True
     max_external_calls: int = 1
+    min_external_calls: int = 0
     max_deliveries: int | None = 10
 
 
@@ -131,6 +134,8 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     missing_output: Pred = Cmp("effects", "==", 0)
     if contract.expects_downstream:
         missing_output = any_of(missing_output, Cmp("downstream", "==", 0))
+    if contract.min_external_calls > 0:
+        missing_output = any_of(missing_output, Cmp("external_calls", "<", contract.min_external_calls))
     out: dict[str, Pred] = {
         # An op whose outbox row was never relayed is not lost but parked there: orphan-outbox.
         "lost": all_of(Cmp("submitted", ">", 0), not_parked, Cmp("outbox_pending", "==", 0), missing_output),
