@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- runs -------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.reporting.plots import render_run
-    from harness.run.runner import run_scenario
+    from harness.run.dispatch import run_spec
     from harness.run.scenarios import resolve
     from harness.stack.selection import endpoints_from_env, load_current, make_provider
 
@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 def show(message: str, status: Status = status, label: str = spec.label) -> None:
                     status.update(f"{label}: {message}")
 
-                result = run_scenario(spec, endpoints, progress=show)
+                result = run_spec(spec, endpoints, progress=show)
             render_run(result.run_dir)
             verdict = result.verdict
             colour = "green" if verdict.clean else "red"

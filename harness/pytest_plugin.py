@@ -115,10 +115,10 @@ def txchaos_run(
     """Return ``run(spec)``: run a scenario, attach its folder to Allure, remember it for the summary."""
     from harness.reporting.allure import attach_run
     from harness.reporting.plots import render_run
-    from harness.run.runner import run_scenario
+    from harness.run.dispatch import run_spec
 
     def run(spec: ScenarioSpec) -> RunResult:
-        result = run_scenario(spec, txchaos_stack)
+        result = run_spec(spec, txchaos_stack)
         txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
         request.config.stash[_RUNS].append(result)
         render_run(result.run_dir)

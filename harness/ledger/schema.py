@@ -27,7 +27,7 @@ column ``op_bucket`` (see ``layout.py``), so engines group by operation without 
 
 Version 2 (this one) adds the kinds ``prepare`` and ``abort_prepared`` (2-phase messages) and the
 bucketed compacted layout; version-1 segments read unchanged. Later additions that need no
-reader change: the kinds ``forced_redelivery``, ``alert`` and ``residue_outbox``.
+reader change: the kinds ``forced_redelivery``, ``alert``, ``residue_outbox`` and ``rebalance``.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Kind(StrEnum):
     CRASH = "crash"  # a crash point fired: the worker SIGKILLs itself right after this event
     FORCED_REDELIVERY = "forced_redelivery"  # an armed point made the worker give the message back
     ALERT = "alert"  # the stage refused or diverted the message and flagged it for a human
+    REBALANCE = "rebalance"  # a Kafka consumer's partitions were assigned, revoked or lost
     FAULT_START = "fault_start"
     FAULT_END = "fault_end"
     DOWNSTREAM = "downstream"  # the sink received the flow's outgoing message

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from harness.errors import ConfigError
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 from harness.worker.crash import ACTIONS, STAGE_POINTS
+from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 
@@ -151,6 +152,9 @@ class ScenarioSpec:
     faults: tuple[FaultWindow, ...] = ()
     # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides STAGE_POINTS.
     points: tuple[str, ...] = ()
+    # The broker the flow runs on: "activemq" (harness.run.runner) or "kafka" (harness.run.kafka_runner,
+    # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions).
+    broker: str = "activemq"
 
     def __post_init__(self) -> None:
         _check_name("scenario name", self.name)
@@ -182,11 +186,23 @@ class ScenarioSpec:
                 f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
                 hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
+        if self.broker not in ("activemq", "kafka"):
+            raise ConfigError(f"unknown broker {self.broker!r}", hint="use 'activemq' or 'kafka'")
+        kafka = self.broker == "kafka"
+        if kafka:
+            KafkaStageOptions.from_options(self.options)
+            if self.chain or self.helpers or self.poison or self.outbox_table:
+                raise ConfigError(
+                    "a Kafka scenario with chain, helpers, poison or outbox_table",
+                    hint="the Kafka run has one consumer stage so far: leave those out",
+                )
+        actions = KAFKA_ACTIONS if kafka else ACTIONS
+        points = (*(KAFKA_POINTS if kafka else STAGE_POINTS), *self.points)
         for crash in self.crashes:
-            if crash.action not in ACTIONS:
-                raise ConfigError(f"unknown crash action {crash.action!r}", hint=f"use one of {', '.join(ACTIONS)}")
-            if crash.point not in (*STAGE_POINTS, *self.points):
-                known = ", ".join((*STAGE_POINTS, *self.points))
+            if crash.action not in actions:
+                raise ConfigError(f"unknown crash action {crash.action!r}", hint=f"use one of {', '.join(actions)}")
+            if crash.point not in points:
+                known = ", ".join(points)
                 raise ConfigError(f"unknown crash point {crash.point!r}", hint=f"use one of {known}")
             if crash.op_index is None and crash.nth is None:
                 raise ConfigError(

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.worker.kafka_stage import KafkaStageWorker
 from harness.worker.process import run_process
 from harness.worker.spec import WorkerSpec
 from harness.worker.stage import StageWorker
@@ -42,6 +43,8 @@ def main(argv: list[str]) -> int:
     spec = WorkerSpec.load(spec_path)
     if spec.kind == "process":
         run_process(spec)
+    elif spec.kind == "kafka":
+        KafkaStageWorker(spec).run()
     else:
         StageWorker(spec).run()
     return 0

@@ -14,7 +14,8 @@ class WorkerSpec:
 
     ``kind="stage"`` runs ``handler`` per message in the 1PC stage runtime; ``kind="process"``
     calls ``handler(ProcessContext)`` once, for helpers of a pattern that are not stages (an
-    outbox relay, an HTTP service the stage calls).
+    outbox relay, an HTTP service the stage calls); ``kind="kafka"`` runs ``handler`` per record
+    in the Kafka stage runtime, where the queues are topics (``harness.worker.kafka_stage``).
     """
 
     name: str

@@ -1,0 +1,82 @@
+"""The Kafka at-least-once consumer: apply an order's effect, emit an event, commit offsets after.
+
+The handlers are the same whatever the offset discipline; the scenario's options choose it
+(``harness.worker.kafka_options``):
+
+- ``naive`` with manual offset store and a commit per batch: a crash after the DB commits and
+  before the offset commit reprocesses the whole batch -> every effect in it applied twice.
+- ``naive`` with librdkafka's default auto offset store (and a commit after each record): the
+  offset of every record handed over is committed before it is processed -> a crash after the
+  poll loses the rest of the batch.
+- ``inbox_offset`` / ``inbox_event``: the record is applied at most once, keyed by its
+  coordinates (topic, partition, offset) or by the event id the producer put in it, in the same
+  DB transaction as the effect. A redelivered record is skipped but its event re-emitted.
+  The coordinates catch every redelivery of the same record; only the event id also catches a
+  producer that wrote the same event twice (a retry after a lost ack).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from harness.ledger.schema import Kind
+from harness.worker.kafka_stage import KafkaContext
+
+EFFECTS = "kafka_effects"
+
+
+def _apply(ctx: KafkaContext) -> None:
+    ctx.db.execute(
+        text(f'INSERT INTO {EFFECTS} (op_id, worker, amount, topic, part, "offset") VALUES (:op, :w, :a, :t, :p, :o)'),
+        {
+            "op": ctx.op,
+            "w": ctx.worker,
+            "a": int(ctx.body.get("amount", 1)),
+            "t": ctx.topic,
+            "p": ctx.partition,
+            "o": ctx.offset,
+        },
+    )
+    ctx.record(Kind.EFFECT, table=EFFECTS)
+
+
+def _emit(ctx: KafkaContext) -> None:
+    ctx.send({"op": ctx.op, "from": ctx.stage})
+
+
+def naive(ctx: KafkaContext) -> None:
+    """Apply the effect and emit the event, trusting each record to arrive once."""
+    _apply(ctx)
+    _emit(ctx)
+
+
+def inbox_offset(ctx: KafkaContext) -> None:
+    """Apply the effect unless the inbox holds this record's (topic, partition, offset); always emit."""
+    fresh = ctx.db.execute(
+        text(
+            'INSERT INTO kafka_inbox (topic, part, "offset", op_id) VALUES (:t, :p, :o, :op) '
+            "ON CONFLICT DO NOTHING RETURNING 1"
+        ),
+        {"t": ctx.topic, "p": ctx.partition, "o": ctx.offset, "op": ctx.op},
+    ).first()
+    if fresh is None:
+        ctx.record(Kind.SKIP, table="kafka_inbox", reason="record already applied")
+    else:
+        _apply(ctx)
+    _emit(ctx)
+
+
+def inbox_event(ctx: KafkaContext) -> None:
+    """Apply the effect unless the inbox holds this record's event id; always emit."""
+    fresh = ctx.db.execute(
+        text(
+            'INSERT INTO kafka_inbox_events (event_id, topic, part, "offset") VALUES (:e, :t, :p, :o) '
+            "ON CONFLICT DO NOTHING RETURNING 1"
+        ),
+        {"e": ctx.op, "t": ctx.topic, "p": ctx.partition, "o": ctx.offset},
+    ).first()
+    if fresh is None:
+        ctx.record(Kind.SKIP, table="kafka_inbox_events", reason="event already applied")
+    else:
+        _apply(ctx)
+    _emit(ctx)

@@ -1,0 +1,25 @@
+"""Run a scenario on the broker its spec names: ActiveMQ (``runner``) or Kafka (``kafka_runner``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.run.runner import RunResult, run_scenario
+from harness.run.spec import ScenarioSpec
+from harness.stack.base import Endpoints
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def run_spec(
+    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Callable[[str], None] = _quiet
+) -> RunResult:
+    """Run ``spec`` with the run lifecycle of its broker and return the result."""
+    if spec.broker == "kafka":
+        from harness.run.kafka_runner import run_kafka_scenario
+
+        return run_kafka_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
+    return run_scenario(spec, endpoints, runs_root=runs_root, progress=progress)

@@ -1,0 +1,90 @@
+"""The Kafka sink: reads the flow's output topic and dead-letter topic, recording what came out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from harness.clients.kafka import TopicReader, dlt_name
+from harness.errors import HarnessError
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.worker.kafka_stage import op_of
+
+
+class KafkaSink:
+    """Read ``output_topic`` (if any) and ``input_topic``'s ``-dlt`` from the start, in a thread.
+
+    It reads ``read_committed`` outside any consumer group: the view of a downstream consumer,
+    which never sees the records of an aborted transaction. Each record is one ``downstream``
+    or ``dead_letter`` event with its partition and offset.
+    """
+
+    def __init__(self, bootstrap: str, ledger: LedgerWriter, *, input_topic: str, output_topic: str | None) -> None:
+        self.bootstrap = bootstrap
+        self.ledger = ledger
+        self.topics = {dlt_name(input_topic): Kind.DEAD_LETTER}
+        if output_topic:
+            self.topics[output_topic] = Kind.DOWNSTREAM
+        self.seen: Counter[str] = Counter()  # op -> records that came out (downstream or DLT)
+        self.received = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last = time.monotonic()
+        self._error: BaseException | None = None
+        self._reader = TopicReader(bootstrap, list(self.topics), client_id="txchaos-sink")
+        self._thread = threading.Thread(target=self._run, name="kafka-sink", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for rec in self._reader.poll(500, 0.05):
+                    op = op_of(rec)
+                    kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
+                    detail: dict[str, Any] = {}
+                    if "txchaos-error" in rec.headers:
+                        detail["error"] = rec.headers["txchaos-error"]
+                    self.ledger.emit(
+                        kind,
+                        op=op,
+                        msg=rec.coord,
+                        dest=rec.topic,
+                        partition=rec.partition,
+                        offset=rec.offset,
+                        **detail,
+                    )
+                    with self._lock:
+                        self._last = time.monotonic()
+                        self.received += 1
+                        self.seen[op] += 1
+        except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
+            self._error = exc
+        finally:
+            self._reader.close()
+
+    def accounted(self) -> set[str]:
+        with self._lock:
+            return set(self.seen)
+
+    def quiet_s(self) -> float:
+        """Return how long nothing has arrived."""
+        with self._lock:
+            return time.monotonic() - self._last
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise HarnessError(f"the Kafka sink failed: {self._error}") from self._error
+
+    def stop(self, *, idle_s: float = 0.3) -> None:
+        """Wait until nothing arrived for ``idle_s`` (bounded), then stop reading."""
+        deadline = time.monotonic() + max(idle_s, 0.1) * 10
+        while time.monotonic() < deadline and self._thread.is_alive() and self.quiet_s() < idle_s:
+            time.sleep(0.02)
+        self._stop.set()
+        self._thread.join(10)
+        self.check()

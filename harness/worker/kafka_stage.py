@@ -1,0 +1,455 @@
+"""The Kafka stage runtime: a consumer-group member running a user's handler per record.
+
+Per batch: poll up to ``batch_size`` records, then for each record a Postgres transaction
+around the handler (or one for the whole batch), its output records produced after the DB
+commit, its offset stored; then the offset commit. Crash points (``KAFKA_POINTS``) sit between
+the steps: the gap between ``after_db_commit`` and ``after_offset_commit`` is the at-least-once
+window, and with librdkafka's default offset store (``offset_store="auto"``) any commit covers
+records not yet processed, which is the loss window. ``KafkaStageOptions`` chooses the
+discipline; the handler stays the same.
+
+Every record is in the ledger with its coordinates (``msg`` = ``topic/partition@offset``,
+``partition``, ``offset``) and the consumer's member id and group generation, so a verdict
+points at the exact records. A record's offset commit is a ``broker_commit`` event; partition
+assignments are ``rebalance`` events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.clients import db
+from harness.clients.db import Connection
+from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
+from harness.errors import HarnessError
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.stack.base import Endpoints
+from harness.worker.crash import CrashPoints, ForcedRedelivery
+from harness.worker.kafka_options import KafkaStageOptions
+from harness.worker.spec import WorkerSpec
+from harness.worker.stage import load_handler
+
+
+@dataclass
+class KafkaContext:
+    """What a Kafka stage handler gets for one record.
+
+    ``db`` is inside the stage's DB transaction. ``send`` queues an output record (key: the
+    operation id) that is produced after the DB commit, or inside the Kafka transaction in
+    ``commit="transaction"`` mode. ``side`` is a separate autocommit connection.
+    ``dead_letter`` diverts the record to the dead-letter topic with an alert.
+    """
+
+    op: str
+    body: dict[str, Any]
+    message: Record
+    db: Connection
+    options: dict[str, Any]
+    worker: str
+    stage: str
+    _record: Callable[..., None]
+    _crash: Callable[[str], None]
+    _side: Callable[[], Connection]
+    sent: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    diverted: str | None = None
+
+    @property
+    def topic(self) -> str:
+        return self.message.topic
+
+    @property
+    def partition(self) -> int:
+        return self.message.partition
+
+    @property
+    def offset(self) -> int:
+        return self.message.offset
+
+    @property
+    def side(self) -> Connection:
+        """The worker's autocommit connection, outside the stage transaction."""
+        return self._side()
+
+    def send(self, body: dict[str, Any], topic: str | None = None) -> None:
+        """Queue ``body`` for ``topic`` (default: the stage's output topic)."""
+        self.sent.append((body, topic))
+
+    def dead_letter(self, reason: str) -> None:
+        """Divert this record to the dead-letter topic (after the DB commit) and raise an alert."""
+        self.diverted = reason
+        self._record(Kind.ALERT, reason=reason)
+
+    def record(self, kind: Kind, **detail: Any) -> None:
+        """Write a ledger event about this record (EFFECT, SKIP, ...)."""
+        self._record(kind, **detail)
+
+    def crash_point(self, name: str) -> None:
+        """Mark a pattern-specific crash point; the harness may kill the worker here."""
+        self._crash(name)
+
+
+KafkaHandler = Callable[[KafkaContext], None]
+
+
+def op_of(record: Record) -> str:
+    """Return the operation id of a record: its key, else the body's ``op``."""
+    if record.key:
+        return record.key
+    try:
+        return str(json.loads(record.value)["op"])
+    except (ValueError, KeyError, TypeError):
+        return record.coord
+
+
+class HighWater:
+    """The highest offset handed out per partition in this run, shared by the run's workers.
+
+    Kafka has no delivery count: a record at or below a partition's mark was handed out before
+    (to this process or a crashed one), so it is a redelivery.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, tp: TP) -> Path:
+        return self.folder / f"{tp[0]}.{tp[1]}"
+
+    def mark(self, tp: TP, highest: int) -> int:
+        """Record ``highest`` as handed out; return the previous mark (-1: none)."""
+        path = self._path(tp)
+        try:
+            before = int(path.read_text())
+        except (OSError, ValueError):
+            before = -1
+        if highest > before:
+            tmp = path.with_name(f"{path.name}.{os.getpid()}")
+            tmp.write_text(str(highest))
+            tmp.replace(path)
+        return before
+
+
+class _Disconnect(Exception):
+    """Drop the consumer and join again (a forced redelivery)."""
+
+
+class KafkaStageWorker:
+    """Consume ``spec.input_queue`` (a topic) in group ``options["group"]`` until SIGTERM."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.opts = KafkaStageOptions.from_options(spec.options)
+        self.group = str(spec.options["group"])
+        self.run_dir = Path(spec.run_dir)
+        self.endpoints = Endpoints.load(Path(spec.endpoints_path))
+        self.bootstrap = self.endpoints.kafka.address
+        self.ledger = LedgerWriter(self.run_dir / "ledger", spec.name)
+        self.crash = CrashPoints(self.run_dir, spec.name, self.ledger)
+        self.handler: KafkaHandler = load_handler(spec.handler)  # type: ignore[assignment]
+        self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
+        self._side_engine: db.Engine | None = None
+        self._side_conn: db.Connection | None = None
+        self.stop = threading.Event()
+        self.high = HighWater(self.run_dir / "kafka-high")
+        self.attempts: Counter[str] = Counter()
+        # Records handed out and not yet covered by an offset commit, per partition: (offset, op).
+        self.pending: dict[TP, list[tuple[int, str]]] = {}
+        self.batches = 0
+        self.consumer: GroupConsumer | None = None
+        self.producer: OutputProducer | None = None
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def side(self) -> db.Connection:
+        if self._side_conn is None or self._side_conn.closed:
+            if self._side_engine is None:
+                self._side_engine = db.engine(self.endpoints.postgres_url, pool_size=1, autocommit=True)
+            self._side_conn = self._side_engine.connect()
+        return self._side_conn
+
+    def _member(self) -> dict[str, Any]:
+        if self.consumer is None:
+            return {}
+        m = self.consumer.member()
+        return {"member": m.member_id, "generation": m.generation}
+
+    def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
+        self.ledger.emit(
+            kind,
+            op=op,
+            msg=record.coord,
+            stage=self.spec.stage,
+            dest=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            **detail,
+        )
+
+    def _reach(self, point: str, record: Record, op: str) -> None:
+        self.crash.reach(point, op=op, msg=record.coord, stage=self.spec.stage)
+
+    def _rebalanced(self, event: str, parts: list[TP]) -> None:
+        if event == "lost":
+            for tp in parts:
+                self.pending.pop(tp, None)  # never committed by us: the next owner redoes them
+        self.ledger.emit(
+            Kind.REBALANCE,
+            stage=self.spec.stage,
+            dest=self.spec.input_queue,
+            point=event,
+            partitions=[p for _, p in parts],
+            **self._member(),
+        )
+
+    def _covered(self, committed: dict[TP, int]) -> None:
+        """Write a broker_commit for every handed-out record the committed offsets now cover."""
+        member = self._member()
+        for tp, upto in committed.items():
+            waiting = self.pending.get(tp, [])
+            done = [(o, op) for o, op in waiting if o < upto]
+            self.pending[tp] = [(o, op) for o, op in waiting if o >= upto]
+            for offset, op in done:
+                self.ledger.emit(
+                    Kind.BROKER_COMMIT,
+                    op=op,
+                    msg=f"{tp[0]}/{tp[1]}@{offset}",
+                    stage=self.spec.stage,
+                    dest=tp[0],
+                    partition=tp[1],
+                    offset=offset,
+                    committed=upto,
+                    **member,
+                )
+
+    def _join(self) -> GroupConsumer:
+        o = self.opts
+        return GroupConsumer(
+            self.bootstrap,
+            self.group,
+            [self.spec.input_queue],
+            offset_store="auto" if o.offset_store == "auto" else "manual",
+            auto_commit=o.commit == "timer",
+            auto_commit_ms=o.auto_commit_ms,
+            session_timeout_ms=o.session_timeout_ms,
+            heartbeat_ms=o.heartbeat_ms,
+            instance_id=self.spec.name if o.static_membership else None,
+            client_id=self.spec.name,
+            on_rebalance=self._rebalanced,
+            on_commit=self._covered if o.commit == "timer" else None,
+        )
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        transactional = f"{self.group}.{self.spec.name}" if self.opts.commit == "transaction" else None
+        # One transactional id per worker name: a restarted worker fences its dead predecessor
+        # and aborts the transaction it left open.
+        self.producer = OutputProducer(self.bootstrap, transactional_id=transactional, client_id=self.spec.name)
+        started = False
+        while not self.stop.is_set():  # one pass per group membership: a forced disconnect rejoins
+            self.consumer = self._join()
+            if not started:
+                self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue, group=self.group)
+                (self.run_dir / "workers" / f"{self.spec.name}.ready").touch()
+                started = True
+            try:
+                while not self.stop.is_set():
+                    records = self.consumer.poll_batch(self.opts.batch_size, self.opts.poll_timeout_ms / 1000)
+                    if records:
+                        self.process_batch(records)
+            except _Disconnect:
+                pass
+            self.consumer.close()  # leaves the group: its partitions move at once
+            self.pending.clear()
+
+    def _deliver(self, records: list[Record]) -> list[str]:
+        """Write a deliver event per record handed over; return their operation ids."""
+        self.batches += 1
+        member = self._member()
+        highest: dict[TP, int] = {}
+        for r in records:
+            highest[r.tp] = max(highest.get(r.tp, -1), r.offset)
+        before = {tp: self.high.mark(tp, top) for tp, top in highest.items()}
+        ops = []
+        for i, r in enumerate(records):
+            op = op_of(r)
+            redelivered = r.offset <= before[r.tp]
+            attempt = 1
+            if redelivered:
+                self.attempts[r.coord] += 1
+                attempt = 1 + self.attempts[r.coord]
+            self._emit(
+                Kind.DELIVER, r, op, attempt=attempt, redelivered=redelivered, batch=self.batches, index=i, **member
+            )
+            self.pending.setdefault(r.tp, []).append((r.offset, op))
+            ops.append(op)
+        return ops
+
+    def process_batch(self, records: list[Record]) -> None:
+        """Run the stage on one polled batch, then commit its offsets as the options say."""
+        ops = self._deliver(records)
+        producer = self.producer
+        assert producer is not None
+        if self.opts.commit == "transaction":
+            producer.begin()
+        try:
+            if self.opts.db_tx == "batch" and self._batch_tx(records, ops):
+                pass
+            else:
+                for r, op in zip(records, ops, strict=True):
+                    self._one(r, op)
+                    if self.opts.commit == "record":
+                        self._commit([r], [op])
+            if self.opts.commit in ("batch", "transaction"):
+                self._commit(records, ops)
+        except ForcedRedelivery as forced:
+            if self.opts.commit == "transaction":
+                producer.abort()
+            if forced.point == "after_offset_commit":
+                return  # committed already: nothing left to give back
+            raise _Disconnect from forced
+
+    # -- one record, one batch -----------------------------------------------------------------
+    def _context(self, conn: Connection, r: Record, op: str) -> KafkaContext:
+        body: dict[str, Any] = json.loads(r.value)
+        return KafkaContext(
+            op,
+            body,
+            r,
+            conn,
+            self.spec.options,
+            self.spec.name,
+            self.spec.stage,
+            lambda kind, **d: self._emit(kind, r, op, **d),
+            lambda point: self._reach(point, r, op),
+            self.side,
+        )
+
+    def _one(self, r: Record, op: str) -> None:
+        """Process one record in its own DB transaction, retrying, then dead-lettering it."""
+        self._reach("after_poll", r, op)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.engine.connect() as conn:
+                    trans = conn.begin()
+                    try:
+                        ctx = self._context(conn, r, op)
+                        self.handler(ctx)
+                        self._reach("before_db_commit", r, op)
+                        trans.commit()
+                    except BaseException:
+                        trans.rollback()
+                        self._emit(Kind.DB_ROLLBACK, r, op)
+                        raise
+                self._emit(Kind.DB_COMMIT, r, op)
+                break
+            except ForcedRedelivery:
+                raise
+            except Exception as exc:
+                if not self._survivable(exc, r, op, attempt):
+                    raise
+                if attempt >= self.opts.max_attempts:
+                    self._to_dlt(r, op, repr(exc)[:300])
+                    self._done(r)
+                    return
+                time.sleep(self.opts.backoff_ms / 1000 * 2 ** (attempt - 1))
+        self._reach("after_db_commit", r, op)
+        self._outputs(ctx, r, op)
+        self._done(r)
+
+    def _batch_tx(self, records: list[Record], ops: list[str]) -> bool:
+        """Process the batch in one DB transaction; False when it must be redone record by record."""
+        contexts: list[KafkaContext] = []
+        try:
+            with self.engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    for r, op in zip(records, ops, strict=True):
+                        self._reach("after_poll", r, op)
+                        ctx = self._context(conn, r, op)
+                        self.handler(ctx)
+                        contexts.append(ctx)
+                    for r, op in zip(records, ops, strict=True):
+                        self._reach("before_db_commit", r, op)
+                    trans.commit()
+                except BaseException:
+                    trans.rollback()
+                    for r, op in zip(records, ops, strict=True):
+                        self._emit(Kind.DB_ROLLBACK, r, op)
+                    raise
+        except ForcedRedelivery:
+            raise
+        except Exception as exc:
+            if not self._survivable(exc, records[len(contexts)], ops[len(contexts)], 1):
+                raise
+            return False  # one bad record must not sink the batch: isolate it record by record
+        for r, op in zip(records, ops, strict=True):
+            self._emit(Kind.DB_COMMIT, r, op)
+        for r, op in zip(records, ops, strict=True):
+            self._reach("after_db_commit", r, op)
+        for ctx, r, op in zip(contexts, records, ops, strict=True):
+            self._outputs(ctx, r, op)
+            self._done(r)
+        return True
+
+    def _survivable(self, exc: Exception, r: Record, op: str, attempt: int) -> bool:
+        """Record a handler error; False when it is infrastructure trouble the worker must die of."""
+        fatal = isinstance(exc, HarnessError) or db.is_connection_error(exc)
+        self._emit(Kind.ERROR, r, op, error=repr(exc)[:500], fatal=fatal, attempt=attempt)
+        return not fatal
+
+    def _outputs(self, ctx: KafkaContext, r: Record, op: str) -> None:
+        producer = self.producer
+        assert producer is not None
+        if ctx.diverted is not None:
+            self._to_dlt(r, op, ctx.diverted)
+        for body, topic in ctx.sent:
+            target = topic or self.spec.output_queue
+            if target is None:
+                raise HarnessError(f"stage {self.spec.stage} has no output topic", hint="pass topic= to ctx.send")
+            producer.produce(target, json.dumps(body), key=op, headers={"txchaos-op": op})
+            self._emit(Kind.SEND, r, op, topic=target)
+
+    def _to_dlt(self, r: Record, op: str, reason: str) -> None:
+        assert self.producer is not None
+        target = dlt_name(r.topic)
+        headers = {"txchaos-op": op, "txchaos-error": reason[:200], "txchaos-source": r.coord}
+        self.producer.produce(target, r.value, key=op, headers=headers)
+        self._emit(Kind.SEND, r, op, topic=target, reason=reason[:200])
+
+    def _done(self, r: Record) -> None:
+        if self.opts.offset_store == "manual" and self.opts.commit != "transaction":
+            assert self.consumer is not None
+            self.consumer.store(r)
+
+    def _commit(self, records: list[Record], ops: list[str]) -> None:
+        """Commit the offsets ``records`` were processed for (and whatever else the store holds)."""
+        producer, consumer = self.producer, self.consumer
+        assert producer is not None
+        assert consumer is not None
+        for r, op in zip(records, ops, strict=True):
+            self._reach("before_offset_commit", r, op)
+        if self.opts.commit == "transaction":
+            offsets: dict[TP, int] = {}
+            for r in records:
+                offsets[r.tp] = max(offsets.get(r.tp, 0), r.offset + 1)
+            producer.send_offsets(offsets, consumer)
+            producer.commit()
+            committed = offsets
+        else:
+            producer.flush()  # outputs durable before the offsets move past their inputs
+            committed = consumer.commit()
+        self._covered(committed)
+        for r, op in zip(records, ops, strict=True):
+            self._reach("after_offset_commit", r, op)

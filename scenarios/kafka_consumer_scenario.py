@@ -1,0 +1,136 @@
+"""The Kafka at-least-once consumer, killed in its two windows.
+
+Twenty orders wait in a one-partition topic; one worker in a consumer group polls them in
+batches of five, applies each order's effect in its own Postgres transaction, emits an event,
+and commits the offsets. The worker is SIGKILLed at a point chosen from the seed; its
+partition moves to its restarted self once the dead member's session times out (6 s).
+
+- ``naive``: killed after the batch's DB commits, before the offset commit
+  (``before_offset_commit``): the batch is polled again -> duplicate-effect on all five orders
+- ``naive-mid-batch``: killed right after one order's DB commit (``after_db_commit``)
+  -> duplicate-effect on the batch's orders up to and including that one
+- ``auto-store``: librdkafka's default offset store (the offset of a record is stored when the
+  record is handed over) with a commit after each record; killed after the poll, before an
+  order's DB work (``after_poll``) -> lost: that order and the rest of its batch
+- ``inbox-offset`` / ``inbox-event``: manual offset store, an inbox keyed by the record's
+  (topic, partition, offset) or by its event id, killed in both windows -> clean
+
+Run it: ``txchaos run kafka_consumer[:VARIANT] --seed N`` or ``pytest scenarios/``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import Crash, ScenarioSpec
+
+NAME = "kafka_consumer"
+MESSAGES = 20
+BATCH = 5
+
+
+def crashed_op_indexes(seed: int) -> tuple[int, int]:
+    """Return the operation of the first crash (not the last batch's) and of the second (a later batch)."""
+    rng = random.Random(seed)
+    first = rng.randrange(BATCH, MESSAGES - BATCH)
+    second = rng.randrange((first // BATCH + 1) * BATCH, MESSAGES)
+    return first, second
+
+
+def batch_of(index: int) -> range:
+    """Return the operation numbers polled in one batch with ``index`` (one partition, a backlog)."""
+    start = index // BATCH * BATCH
+    return range(start, start + BATCH)
+
+
+def expected_ops(variant: str, seed: int) -> set[int]:
+    """Return the operation numbers the verdict must name for ``variant`` at ``seed``."""
+    first, _ = crashed_op_indexes(seed)
+    batch = batch_of(first)
+    if variant == "naive":
+        return set(batch)
+    if variant == "naive-mid-batch":
+        return set(range(batch.start, first + 1))
+    if variant == "auto-store":
+        return set(range(first, batch.stop))
+    return set()
+
+
+def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
+    """Return the scenario's variants at ``seed``."""
+    first, second = crashed_op_indexes(seed)
+    manual = {"batch_size": BATCH, "partitions": 1}
+
+    def spec(
+        variant: str, handler: str, options: dict[str, object], crashes: tuple[Crash, ...], expect: set[str]
+    ) -> ScenarioSpec:
+        return ScenarioSpec(
+            name=NAME,
+            variant=variant,
+            broker="kafka",
+            handler=f"harness.patterns.kafka_consumer:{handler}",
+            schema="kafka_consumer",
+            effect_table="kafka_effects",
+            options=options,
+            crashes=crashes,
+            messages=MESSAGES,
+            seed=seed,
+            timeout_s=60,
+            expect=frozenset(expect),
+        )
+
+    both = (Crash("before_offset_commit", op_index=first), Crash("after_poll", op_index=second))
+    auto = {**manual, "offset_store": "auto", "commit": "record"}
+    return {
+        "naive": spec("naive", "naive", manual, both[:1], {"duplicate-effect"}),
+        "naive-mid-batch": spec(
+            "naive-mid-batch", "naive", manual, (Crash("after_db_commit", op_index=first),), {"duplicate-effect"}
+        ),
+        "auto-store": spec("auto-store", "naive", auto, (Crash("after_poll", op_index=first),), {"lost"}),
+        "inbox-offset": spec("inbox-offset", "inbox_offset", manual, both, set()),
+        "inbox-event": spec("inbox-event", "inbox_event", manual, both, set()),
+    }
+
+
+def crashed_batch(run_dir: Path) -> list[str]:
+    """Return, from the ledger, the operations polled in the same batch as the first crash."""
+    from harness.ledger.reader import read_ledger
+
+    rows = read_ledger(run_dir / "ledger").to_pylist()
+    crash = min((r for r in rows if r["kind"] == "crash"), key=lambda r: r["ts_ns"])
+    delivered = [r for r in rows if r["kind"] == "deliver" and r["pid"] == crash["pid"]]
+    batch = next(json.loads(r["detail"])["batch"] for r in delivered if r["op"] == crash["op"])
+    return [r["op"] for r in sorted(delivered, key=lambda r: r["seq"]) if json.loads(r["detail"])["batch"] == batch]
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+@pytest.mark.parametrize("variant", list(variants()))
+def test_consumer_crash_windows(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
+    seed = 0
+    spec = variants(seed)[variant]
+    result = txchaos_run(spec)
+    verdict = result.verdict
+    op = f"{variant}-s{seed}-op{{:05d}}".format
+    assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
+    # The batch the ledger shows around the first crash is the one the seed predicts.
+    first, _ = crashed_op_indexes(seed)
+    assert crashed_batch(result.run_dir) == [op(i) for i in batch_of(first)]
+    named = {op(i) for i in expected_ops(variant, seed)}
+    assert verdict.found() == ({next(iter(spec.expect)): len(named)} if spec.expect else {}), verdict.headline()
+    for anomaly in spec.expect:
+        assert verdict.ops(anomaly) == named, verdict.headline()
+    if not spec.expect:
+        assert verdict.stats["redeliveries"] >= BATCH  # the crashes did make the group poll records again
+    assert verdict.stats["submitted"] == MESSAGES
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["run", NAME, *sys.argv[1:]]))

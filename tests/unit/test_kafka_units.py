@@ -1,0 +1,110 @@
+"""The Kafka row's pure parts: options, spec checks, group metadata, record ids, redelivery marks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import ConfigError, Crash, ScenarioSpec
+from harness.clients.kafka import GroupMember, Record, dlt_name, parse_group_metadata
+from harness.worker.kafka_options import KAFKA_POINTS, KafkaStageOptions
+from harness.worker.kafka_stage import HighWater, op_of
+
+
+def kafka_spec(**kw: object) -> ScenarioSpec:
+    base: dict[str, object] = dict(
+        name="kafka_consumer",
+        variant="naive",
+        broker="kafka",
+        handler="harness.patterns.kafka_consumer:naive",
+        schema="kafka_consumer",
+        effect_table="kafka_effects",
+    )
+    base.update(kw)
+    return ScenarioSpec(**base)  # type: ignore[arg-type]
+
+
+def test_options_default_to_the_at_least_once_discipline() -> None:
+    o = KafkaStageOptions.from_options({"table": "ignored: a handler option", "batch_size": 5})
+    assert (o.batch_size, o.offset_store, o.commit, o.db_tx) == (5, "manual", "batch", "record")
+    assert (o.session_timeout_ms, o.heartbeat_ms, o.static_membership) == (6000, 1000, False)
+
+
+@pytest.mark.parametrize(
+    ("options", "named", "fix"),
+    [
+        ({"offset_store": "later"}, "offset_store='later'", "manual, auto"),
+        ({"commit": "never"}, "commit='never'", "batch, record, timer, transaction"),
+        ({"db_tx": "none"}, "db_tx='none'", "record, batch"),
+        ({"batch_size": 0}, "batch_size=0", "from 1 to 10000"),
+        ({"batch_size": True}, "batch_size=True", "whole number"),
+        ({"session_timeout_ms": 500}, "session_timeout_ms=500", "from 1000"),
+        ({"heartbeat_ms": 3000}, "heartbeat_ms=3000", "a third of the session timeout"),
+        ({"commit": "transaction", "offset_store": "auto"}, "commit='transaction'", "leave offset_store"),
+    ],
+)
+def test_bad_options_name_value_and_fix(options: dict[str, object], named: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        KafkaStageOptions.from_options(options)
+    assert named in str(info.value)
+    assert fix in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named", "fix"),
+    [
+        ({"broker": "rabbitmq"}, "rabbitmq", "'activemq' or 'kafka'"),
+        ({"crashes": (Crash("after_broker_commit", op_index=1),)}, "after_broker_commit", "before_offset_commit"),
+        ({"crashes": (Crash("after_poll", op_index=1, action="nack"),)}, "nack", "kill, disconnect"),
+        ({"options": {"commit": "sometimes"}}, "commit='sometimes'", "batch"),
+        ({"outbox_table": "outbox"}, "outbox_table", "one consumer stage"),
+    ],
+)
+def test_kafka_spec_checks_points_actions_and_options(kw: dict[str, object], named: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        kafka_spec(**kw)
+    assert named in str(info.value)
+    assert fix in str(info.value)
+
+
+def test_kafka_spec_accepts_every_kafka_point() -> None:
+    crashes = tuple(Crash(p, op_index=i) for i, p in enumerate(KAFKA_POINTS))
+    assert kafka_spec(crashes=crashes).crashes == crashes
+    with pytest.raises(ConfigError, match="after_poll"):  # an ActiveMQ stage has no poll
+        ScenarioSpec(
+            name="onepc",
+            variant="naive",
+            handler="harness.patterns.onepc:naive",
+            schema="onepc",
+            effect_table="onepc_effects",
+            crashes=(Crash("after_poll", op_index=1),),
+        )
+
+
+def test_group_metadata_yields_member_and_generation() -> None:
+    # What librdkafka 2.x wrote for a member of group "g-1" in generation 7 (host order: little).
+    blob = b"CGMDv2:" + (7).to_bytes(4, "little") + b"g-1\0rdkafka-5e0c-8729\0\x01"
+    assert parse_group_metadata(blob) == GroupMember("rdkafka-5e0c-8729", 7)
+    assert parse_group_metadata(b"something else") is None
+    assert parse_group_metadata(b"CGMDv2:\x01") is None
+
+
+def test_record_ids_and_dead_letter_topic() -> None:
+    rec = Record("orders", 2, 41, "op-1", b'{"op": "op-1"}')
+    assert rec.coord == "orders/2@41"
+    assert rec.tp == ("orders", 2)
+    assert dlt_name("orders") == "orders-dlt"
+    assert op_of(rec) == "op-1"
+    assert op_of(Record("orders", 0, 3, None, json.dumps({"op": "op-9"}).encode())) == "op-9"
+    assert op_of(Record("orders", 0, 3, None, b"not json")) == "orders/0@3"
+
+
+def test_high_water_marks_tell_redeliveries(tmp_path: Path) -> None:
+    marks = HighWater(tmp_path / "kafka-high")
+    assert marks.mark(("t", 0), 4) == -1  # offsets 0-4 handed out for the first time
+    assert marks.mark(("t", 0), 9) == 4  # 5-9: new
+    assert marks.mark(("t", 0), 9) == 9  # 5-9 again (after a crash): every offset <= 9 is a redelivery
+    assert marks.mark(("t", 1), 0) == -1  # partitions are apart
+    assert HighWater(tmp_path / "kafka-high").mark(("t", 0), 3) == 9  # shared with a restarted worker
