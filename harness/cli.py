@@ -181,17 +181,29 @@ def cmd_test(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, cwd=REPO)
 
 
+# The flagship: every ActiveMQ pattern, bad and fixed, under its faults (crash gap first).
+FLAGSHIP_SCENARIOS = (
+    "onepc_crash_gap",
+    "onepc_redelivery",
+    "onepc_faults",
+    "poison_message",
+    "send_money",
+    "outbox_relay",
+)
+
+
 def cmd_flagship(args: argparse.Namespace) -> int:
     from harness.paths import reports_root
 
     out = reports_root() / "flagship" / time.strftime("%Y%m%d-%H%M%S")
     results = out / "allure-results"
-    console.rule("txchaos flagship: crash in the gap of a best-effort 1PC stage (naive vs fixed)")
+    console.rule("txchaos flagship: messaging patterns, naive vs fixed, under crashes, redeliveries and faults")
+    files = [f"scenarios/{name}_scenario.py" for name in FLAGSHIP_SCENARIOS]
     cmd = [
         sys.executable,
         "-m",
         "pytest",
-        "scenarios/onepc_crash_gap_scenario.py",
+        *(f for f in files if (REPO / f).exists()),
         "-v",
         "-p",
         "no:cacheprovider",

@@ -24,7 +24,8 @@ from rich.console import Console
 from harness.bench.report import table, write_section
 from harness.machines.profiles import profile
 from harness.machines.stage import StageMachine, stage_machine
-from harness.run.spec import ScenarioSpec
+from harness.patterns import bank, send_money
+from harness.run.spec import Helper, ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 from harness.verify.model import FlowContract
@@ -55,7 +56,8 @@ def _onepc(variant: str, handler: str) -> ScenarioSpec:
 
 
 def _poison(variant: str, handler: str) -> ScenarioSpec:
-    # A poison example ends when the worker has crash-looped more than max_deliveries times.
+    # A poison example ends when the worker has crash-looped more than max_deliveries times: 5
+    # keeps an example ~2 s (the fixed stage diverts after 3 deliveries, well inside it).
     return ScenarioSpec(
         name="poison_machine",
         variant=variant,
@@ -63,7 +65,20 @@ def _poison(variant: str, handler: str) -> ScenarioSpec:
         schema="poison",
         effect_table="poison_effects",
         timeout_s=20.0,
-        contract=FlowContract(max_deliveries=10),
+        contract=FlowContract(max_deliveries=5),
+    )
+
+
+def _send_money(variant: str, handler: str) -> ScenarioSpec:
+    return ScenarioSpec(
+        name="send_money_machine",
+        variant=variant,
+        handler=f"harness.patterns.send_money:{handler}",
+        schema="bank",
+        effect_table="payments",
+        helpers=(Helper("bank", "harness.patterns.bank:main", port=True),),
+        points=(*send_money.POINTS, *bank.POINTS),
+        contract=FlowContract(min_external_calls=1),
     )
 
 
@@ -77,6 +92,13 @@ TARGETS: dict[str, Callable[[], Target]] = {
         _poison("counter", "attempt_counter"),
         "never-dead-lettered-poison",
         {"poison": True, "crash_points": (), "redelivery_actions": ()},
+    ),
+    "send_money": lambda: Target(
+        "send money",
+        _send_money("naive", "naive"),
+        _send_money("guarded", "guarded"),
+        "duplicate-external-call",
+        {"crash_points": ("after_external_call", *send_money.POINTS, "after_db_commit")},
     ),
 }
 
