@@ -288,10 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("verify", help="verify a run folder's ledger (Spark by default) and write verdict.json")
+    # add_help=False: `-h` goes on to the forwarded command, which knows its own options.
+    p = sub.add_parser(
+        "verify", add_help=False, help="verify a run folder's ledger (Spark by default) and write verdict.json"
+    )
     p.set_defaults(func=_forward("harness.verify.cli", "verify_main"), passthrough="forward_args")
 
-    p = sub.add_parser("ledger", help="ledger tools: `ledger synth --events N --out DIR` writes a synthetic run")
+    p = sub.add_parser(
+        "ledger", add_help=False, help="ledger tools: `ledger synth --events N --out DIR` writes a synthetic run"
+    )
     p.add_argument("tool", choices=("synth",))
     p.set_defaults(func=_forward("harness.verify.cli", "synth_main"), passthrough="forward_args")
 
