@@ -13,6 +13,9 @@ The handlers are the same whatever the offset discipline; the scenario's options
   DB transaction as the effect. A redelivered record is skipped but its event re-emitted.
   The coordinates catch every redelivery of the same record; only the event id also catches a
   producer that wrote the same event twice (a retry after a lost ack).
+
+``naive_batch`` / ``inbox_offset_batch`` are the same consumers written for throughput: one
+statement per batch (``unnest`` of arrays) instead of one per record.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from harness.ledger.schema import Kind
-from harness.worker.kafka_stage import KafkaContext
+from harness.worker.kafka_stage import KafkaContext, batch_handler
 
 EFFECTS = "kafka_effects"
 
@@ -80,3 +83,66 @@ def inbox_event(ctx: KafkaContext) -> None:
     else:
         _apply(ctx)
     _emit(ctx)
+
+
+def _apply_all(ctxs: list[KafkaContext]) -> None:
+    if not ctxs:
+        return
+    ctxs[0].db.execute(
+        text(
+            f'INSERT INTO {EFFECTS} (op_id, worker, amount, topic, part, "offset") '
+            "SELECT * FROM unnest(CAST(:op AS text[]), CAST(:w AS text[]), CAST(:a AS int[]), "
+            "CAST(:t AS text[]), CAST(:p AS int[]), CAST(:o AS bigint[]))"
+        ),
+        {
+            "op": [c.op for c in ctxs],
+            "w": [c.worker for c in ctxs],
+            "a": [int(c.body.get("amount", 1)) for c in ctxs],
+            "t": [c.topic for c in ctxs],
+            "p": [c.partition for c in ctxs],
+            "o": [c.offset for c in ctxs],
+        },
+    )
+    for c in ctxs:
+        c.record(Kind.EFFECT, table=EFFECTS)
+
+
+@batch_handler
+def naive_batch(ctxs: list[KafkaContext]) -> None:
+    """``naive`` for a whole batch: every effect in one INSERT."""
+    _apply_all(ctxs)
+    for c in ctxs:
+        _emit(c)
+
+
+@batch_handler
+def inbox_offset_batch(ctxs: list[KafkaContext]) -> None:
+    """``inbox_offset`` for a whole batch: one inbox INSERT tells which records are new."""
+    if not ctxs:
+        return
+    rows = (
+        ctxs[0]
+        .db.execute(
+            text(
+                'INSERT INTO kafka_inbox (topic, part, "offset", op_id) '
+                "SELECT * FROM unnest(CAST(:t AS text[]), CAST(:p AS int[]), CAST(:o AS bigint[]), "
+                "CAST(:op AS text[])) "
+                'ON CONFLICT DO NOTHING RETURNING topic, part, "offset"'
+            ),
+            {
+                "t": [c.topic for c in ctxs],
+                "p": [c.partition for c in ctxs],
+                "o": [c.offset for c in ctxs],
+                "op": [c.op for c in ctxs],
+            },
+        )
+        .all()
+    )
+    fresh = {(str(t), int(p), int(o)) for t, p, o in rows}
+    new = [c for c in ctxs if (c.topic, c.partition, c.offset) in fresh]
+    for c in ctxs:
+        if (c.topic, c.partition, c.offset) not in fresh:
+            c.record(Kind.SKIP, table="kafka_inbox", reason="record already applied")
+    _apply_all(new)
+    for c in ctxs:
+        _emit(c)

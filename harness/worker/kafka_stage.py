@@ -99,6 +99,27 @@ class KafkaContext:
 
 
 KafkaHandler = Callable[[KafkaContext], None]
+BatchHandler = Callable[[list[KafkaContext]], None]
+
+
+def batch_handler(func: BatchHandler) -> BatchHandler:
+    """Mark ``func`` as a batch handler: called once with the contexts of every record in its
+    DB transaction (the whole batch with ``db_tx="batch"``, one record otherwise), so it can
+    write the batch's effects in one statement.
+
+    >>> @batch_handler
+    ... def apply_all(ctxs: list[KafkaContext]) -> None: ...
+    """
+    func.__dict__["txchaos_batch"] = True
+    return func
+
+
+def _per_record(handler: KafkaHandler) -> BatchHandler:
+    def each(ctxs: list[KafkaContext]) -> None:
+        for ctx in ctxs:
+            handler(ctx)
+
+    return each
 
 
 def op_of(record: Record) -> str:
@@ -155,8 +176,10 @@ class KafkaStageWorker:
         self.bootstrap = self.endpoints.kafka.address
         self.ledger = LedgerWriter(self.run_dir / "ledger", spec.name)
         self.crash = CrashPoints(self.run_dir, spec.name, self.ledger)
-        self.handler: KafkaHandler = load_handler(spec.handler)  # type: ignore[assignment]
+        handler: Any = load_handler(spec.handler)
+        self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else _per_record(handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
+        self._conn: db.Connection | None = None
         self._side_engine: db.Engine | None = None
         self._side_conn: db.Connection | None = None
         self.stop = threading.Event()
@@ -165,6 +188,7 @@ class KafkaStageWorker:
         # Records handed out and not yet covered by an offset commit, per partition: (offset, op).
         self.pending: dict[TP, list[tuple[int, str]]] = {}
         self.batches = 0
+        self._armed: frozenset[str] = frozenset()
         self.consumer: GroupConsumer | None = None
         self.producer: OutputProducer | None = None
 
@@ -176,11 +200,19 @@ class KafkaStageWorker:
             self._side_conn = self._side_engine.connect()
         return self._side_conn
 
-    def _member(self) -> dict[str, Any]:
+    def _db(self) -> db.Connection:
+        """Return the stage's connection, kept open: a pool checkout per record costs a ping."""
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            self._conn = self.engine.connect()
+        return self._conn
+
+    def _member(self, *, with_id: bool = False) -> dict[str, Any]:
+        """Return the group generation (and member id): per-record events carry the generation,
+        ``rebalance`` events also the member id, which (src, pid, generation) then leads to."""
         if self.consumer is None:
             return {}
         m = self.consumer.member()
-        return {"member": m.member_id, "generation": m.generation}
+        return {"member": m.member_id, "generation": m.generation} if with_id else {"generation": m.generation}
 
     def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
         self.ledger.emit(
@@ -195,7 +227,12 @@ class KafkaStageWorker:
         )
 
     def _reach(self, point: str, record: Record, op: str) -> None:
-        self.crash.reach(point, op=op, msg=record.coord, stage=self.spec.stage)
+        # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
+        # records a second, and a stat of arms.json each time would be a fifth of the cost.
+        if point in self._armed:
+            self.crash.reach(point, op=op, msg=record.coord, stage=self.spec.stage)
+        else:
+            self.crash.count(point)
 
     def _rebalanced(self, event: str, parts: list[TP]) -> None:
         if event == "lost":
@@ -207,7 +244,7 @@ class KafkaStageWorker:
             dest=self.spec.input_queue,
             point=event,
             partitions=[p for _, p in parts],
-            **self._member(),
+            **self._member(with_id=True),
         )
 
     def _covered(self, committed: dict[TP, int]) -> None:
@@ -274,6 +311,7 @@ class KafkaStageWorker:
     def _deliver(self, records: list[Record]) -> list[str]:
         """Write a deliver event per record handed over; return their operation ids."""
         self.batches += 1
+        self._armed = self.crash.armed_points()
         member = self._member()
         highest: dict[TP, int] = {}
         for r in records:
@@ -341,17 +379,18 @@ class KafkaStageWorker:
         while True:
             attempt += 1
             try:
-                with self.engine.connect() as conn:
-                    trans = conn.begin()
-                    try:
-                        ctx = self._context(conn, r, op)
-                        self.handler(ctx)
-                        self._reach("before_db_commit", r, op)
-                        trans.commit()
-                    except BaseException:
+                conn = self._db()
+                trans = conn.begin()
+                try:
+                    ctx = self._context(conn, r, op)
+                    self.handler([ctx])
+                    self._reach("before_db_commit", r, op)
+                    trans.commit()
+                except BaseException:
+                    if trans.is_active:
                         trans.rollback()
-                        self._emit(Kind.DB_ROLLBACK, r, op)
-                        raise
+                    self._emit(Kind.DB_ROLLBACK, r, op)
+                    raise
                 self._emit(Kind.DB_COMMIT, r, op)
                 break
             except ForcedRedelivery:
@@ -372,26 +411,26 @@ class KafkaStageWorker:
         """Process the batch in one DB transaction; False when it must be redone record by record."""
         contexts: list[KafkaContext] = []
         try:
-            with self.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    for r, op in zip(records, ops, strict=True):
-                        self._reach("after_poll", r, op)
-                        ctx = self._context(conn, r, op)
-                        self.handler(ctx)
-                        contexts.append(ctx)
-                    for r, op in zip(records, ops, strict=True):
-                        self._reach("before_db_commit", r, op)
-                    trans.commit()
-                except BaseException:
+            conn = self._db()
+            trans = conn.begin()
+            try:
+                for r, op in zip(records, ops, strict=True):
+                    self._reach("after_poll", r, op)
+                    contexts.append(self._context(conn, r, op))
+                self.handler(contexts)
+                for r, op in zip(records, ops, strict=True):
+                    self._reach("before_db_commit", r, op)
+                trans.commit()
+            except BaseException:
+                if trans.is_active:
                     trans.rollback()
-                    for r, op in zip(records, ops, strict=True):
-                        self._emit(Kind.DB_ROLLBACK, r, op)
-                    raise
+                for r, op in zip(records, ops, strict=True):
+                    self._emit(Kind.DB_ROLLBACK, r, op)
+                raise
         except ForcedRedelivery:
             raise
         except Exception as exc:
-            if not self._survivable(exc, records[len(contexts)], ops[len(contexts)], 1):
+            if not self._survivable(exc, None, None, 1):
                 raise
             return False  # one bad record must not sink the batch: isolate it record by record
         for r, op in zip(records, ops, strict=True):
@@ -403,10 +442,19 @@ class KafkaStageWorker:
             self._done(r)
         return True
 
-    def _survivable(self, exc: Exception, r: Record, op: str, attempt: int) -> bool:
-        """Record a handler error; False when it is infrastructure trouble the worker must die of."""
+    def _survivable(self, exc: Exception, r: Record | None, op: str | None, attempt: int) -> bool:
+        """Record a handler error; False when it is infrastructure trouble the worker must die of.
+
+        Without a record (a batch transaction failed) the error is the batch's, not an operation's.
+        """
         fatal = isinstance(exc, HarnessError) or db.is_connection_error(exc)
-        self._emit(Kind.ERROR, r, op, error=repr(exc)[:500], fatal=fatal, attempt=attempt)
+        detail: dict[str, Any] = {"error": repr(exc)[:500], "fatal": fatal, "attempt": attempt}
+        if r is None or op is None:
+            self.ledger.emit(
+                Kind.ERROR, stage=self.spec.stage, dest=self.spec.input_queue, batch=self.batches, **detail
+            )
+        else:
+            self._emit(Kind.ERROR, r, op, **detail)
         return not fatal
 
     def _outputs(self, ctx: KafkaContext, r: Record, op: str) -> None:
