@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 import time
@@ -176,9 +177,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return worst
 
 
+def _with_spark_verify() -> dict[str, str]:
+    """Return the environment with every scenario run also verified by Spark, unless the user chose."""
+    return {**os.environ, "TXCHAOS_SPARK_VERIFY": os.environ.get("TXCHAOS_SPARK_VERIFY", "1")}
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "pytest", *args.pytest_args]
-    return subprocess.call(cmd, cwd=REPO)
+    return subprocess.call(cmd, cwd=REPO, env=_with_spark_verify())
 
 
 # The flagship: every ActiveMQ pattern, bad and fixed, under its faults (crash gap first).
@@ -211,7 +217,7 @@ def cmd_flagship(args: argparse.Namespace) -> int:
     ]
     if args.provider:
         cmd.append(f"--txchaos-provider={args.provider}")
-    code = subprocess.call(cmd, cwd=REPO)
+    code = subprocess.call(cmd, cwd=REPO, env=_with_spark_verify())
     html = _allure_html(results, out / "allure-report")
     console.rule("flagship done")
     console.print(f"run folders: {reports_root() / 'runs'}")

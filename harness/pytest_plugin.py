@@ -9,6 +9,8 @@ Fixtures:
 - ``txchaos_reset`` (function): a ``Resetter`` that has just emptied tables, purged tracked
   queues and topics, and removed every toxic.
 - ``txchaos_run`` (function): ``run(spec) -> RunResult``; the run folder is attached to Allure.
+  With ``--txchaos-spark-verify`` each run is verified again by the Spark engine (one JVM for the
+  session) and the test fails when the two engines' verdicts differ.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from harness.run.crosscheck import SparkCrossCheck
     from harness.run.runner import RunResult
     from harness.run.spec import ScenarioSpec
     from harness.stack.base import Endpoints
@@ -34,6 +37,7 @@ MARKERS = {
     "spark": "runs a Spark job",
 }
 _RUNS = pytest.StashKey[list["RunResult"]]()
+_SPARK = pytest.StashKey["SparkCrossCheck | None"]()
 
 
 def _provider(value: str) -> str:
@@ -63,12 +67,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="use the running stack described by this endpoints.json instead of starting one",
     )
+    group.addoption(
+        "--txchaos-spark-verify",
+        action="store_true",
+        default=os.environ.get("TXCHAOS_SPARK_VERIFY", "") not in ("", "0"),
+        help="verify every run again with the Spark engine and fail a test whose engines disagree "
+        "(default: $TXCHAOS_SPARK_VERIFY)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_RUNS] = []
+    config.stash[_SPARK] = None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    spark = config.stash.get(_SPARK, None)
+    if spark is not None:
+        spark.close()
+
+
+def _cross_check(config: pytest.Config) -> SparkCrossCheck | None:
+    """Return the session's Spark cross-check (made on first use), or None when it is off."""
+    if not config.getoption("--txchaos-spark-verify"):
+        return None
+    if config.stash[_SPARK] is None:
+        from harness.run.crosscheck import SparkCrossCheck
+
+        config.stash[_SPARK] = SparkCrossCheck()
+    return config.stash[_SPARK]
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +151,16 @@ def txchaos_run(
         txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
         request.config.stash[_RUNS].append(result)
         render_run(result.run_dir)
+        spark = _cross_check(request.config)
+        check = spark.verify(result) if spark is not None else None
         attach_run(result.run_dir)
+        if check is not None and not check.agree:
+            from harness.errors import HarnessError
+
+            raise HarnessError(
+                f"the Spark and in-process engines disagree on {result.run_dir}: {'; '.join(check.diffs)}",
+                hint=f"compare verdict.json with verdict-spark.json in {result.run_dir}",
+            )
         return result
 
     return run
@@ -138,3 +176,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         mark = "as expected" if r.as_expected else "UNEXPECTED"
         tr.write_line(f"{r.spec.label:<40} seed {r.spec.seed:<4} {mark:<11} {r.verdict.headline()}")
         tr.write_line(f"{'':<40} {os.path.relpath(r.run_dir)}")
+    spark = config.stash.get(_SPARK, None)
+    if spark is not None and spark.checks:
+        agreed = sum(c.agree for c in spark.checks)
+        job = sum(c.spark.timing.get("job_s", 0.0) for c in spark.checks)
+        tr.write_line(
+            f"spark engine: {agreed} of {len(spark.checks)} runs verified to the same verdict ({job:.1f}s of jobs)"
+        )
+        for c in spark.checks:
+            if not c.agree:
+                tr.write_line(f"  {c.result.spec.label}: {c.line()}")

@@ -93,8 +93,9 @@ def attach_file(path: Path, name: str, kind: str) -> None:
 
 
 def attach_run(run_dir: Path) -> None:
-    """Attach what a run folder holds: verdict, manifest, PNG plots, and ``logs/*.log``."""
+    """Attach what a run folder holds: verdicts, manifest, PNG plots, and ``logs/*.log``."""
     attach_verdict(run_dir / "verdict.json")
+    attach_file(run_dir / "verdict-spark.json", "verdict-spark.json (Spark engine)", "json")
     attach_file(run_dir / "manifest.json", "manifest.json", "json")
     for png in sorted(run_dir.glob("*.png")):  # timeline.png, latency.png
         attach_file(png, png.name, "png")
