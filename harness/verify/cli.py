@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from harness.errors import ConfigError, TxChaosError
@@ -60,7 +60,8 @@ def contract_of(run_dir: Path) -> FlowContract:
     meta = json.loads(manifest.read_text())
     # Synthetic runs record the contract at the top; live runs inside their scenario spec.
     raw = meta.get("contract") or meta.get("spec", {}).get("contract") or {}
-    known = ("expects_downstream", "max_external_calls", "max_deliveries")
+    # Every field: a send-money run's min_external_calls changes which operations are lost.
+    known = [f.name for f in fields(FlowContract)]
     return FlowContract(**{k: raw[k] for k in known if k in raw})
 
 
