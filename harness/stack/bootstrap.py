@@ -69,6 +69,11 @@ def _run(cmd: list[str], *, what: str, env: dict[str, str] | None = None, cwd: P
         raise BootstrapError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
 
 
+def _say(text: str) -> None:
+    """Print a progress line before a step that does real work (minutes on a fresh machine)."""
+    print(f"txchaos bootstrap: {text}", file=sys.stderr, flush=True)
+
+
 def _is_root() -> bool:
     return os.geteuid() == 0
 
@@ -77,6 +82,7 @@ def _apt_install(package: str) -> None:
     if not _is_root():
         raise BootstrapError(f"missing Debian package {package}: run `sudo apt-get install -y {package}`")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _say(f"installing the Debian package {package}...")
     _run(["apt-get", "update", "-q"], what="apt-get update", env=env)
     _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], what=f"installing {package}", env=env)
 
@@ -131,6 +137,7 @@ def ensure_jars(name: str) -> str:
         _apt_install("maven")
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
+    _say(f"resolving the {name} jars with Maven (once, about a minute)...")
     _run(
         [
             "mvn",
@@ -160,6 +167,7 @@ def ensure_toxiproxy() -> str:
     shutil.rmtree(gobin, ignore_errors=True)
     gobin.mkdir(parents=True)
     env = dict(os.environ, GOBIN=str(gobin), CGO_ENABLED="0")
+    _say(f"building toxiproxy {TOXIPROXY_VERSION} with go install (once, about a minute)...")
     _run([go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], what="building toxiproxy", env=env)
     (gobin / "server").rename(dest)
     shutil.rmtree(gobin, ignore_errors=True)
@@ -193,11 +201,7 @@ def ensure_dtm() -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     env = _go_env()
-    print(
-        f"txchaos bootstrap: building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...",
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...")
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-build-") as tmp:
         work = Path(tmp)
         _run([go, "mod", "init", "dtmbuild"], what="preparing the DTM build", env=env, cwd=work)
@@ -235,6 +239,7 @@ def ensure_venv(repo: Path) -> Path:
     if not (venv / "bin" / "python").exists():
         _run([sys.executable, "-m", "venv", str(venv)], what="creating the virtualenv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _say(f"installing the project and its dependencies into {venv} (pyspark is large: a few minutes once)...")
     _run([*pip, "-e", f"{repo}[dev]"], what="installing the project into .venv")
     stamp.write_text(want)
     return venv
