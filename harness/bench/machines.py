@@ -24,8 +24,8 @@ from rich.console import Console
 from harness.bench.report import table, write_section
 from harness.machines.profiles import profile
 from harness.machines.stage import StageMachine, stage_machine
-from harness.patterns import bank, send_money
-from harness.run.spec import Helper, ScenarioSpec
+from harness.patterns import bank, outbox, send_money
+from harness.run.spec import Helper, ScenarioSpec, Stage
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 from harness.verify.model import FlowContract
@@ -82,6 +82,23 @@ def _send_money(variant: str, handler: str) -> ScenarioSpec:
     )
 
 
+def _outbox(variant: str, consumer: str) -> ScenarioSpec:
+    # After a relay crash an example waits for the sweeper (rows unsent 0.3 s) and the restart.
+    return ScenarioSpec(
+        name="outbox_machine",
+        variant=variant,
+        handler="harness.patterns.outbox:place_order",
+        schema="outbox",
+        effect_table="outbox_effects",
+        outbox_table="outbox",
+        chain=(Stage("consumer", f"harness.patterns.outbox:{consumer}"),),
+        helpers=(Helper("relay", "harness.patterns.outbox:relay", options={"sweeper": True}),),
+        points=outbox.POINTS,
+        timeout_s=30.0,
+        settle_s=0.3,
+    )
+
+
 TARGETS: dict[str, Callable[[], Target]] = {
     "onepc": lambda: Target(
         "1PC stage", _onepc("naive", "naive"), _onepc("cts", "check_then_skip"), "duplicate-effect"
@@ -99,6 +116,13 @@ TARGETS: dict[str, Callable[[], Target]] = {
         _send_money("guarded", "guarded"),
         "duplicate-external-call",
         {"crash_points": ("after_external_call", *send_money.POINTS, "after_db_commit")},
+    ),
+    "outbox": lambda: Target(
+        "inbox/outbox relay",
+        _outbox("naive-consumer", "consumer_naive"),
+        _outbox("inbox", "consumer_inbox"),
+        "duplicate-effect",
+        {"crash_points": (*outbox.POINTS, "after_db_commit"), "redelivery_actions": ()},
     ),
 }
 
