@@ -1,0 +1,51 @@
+"""Every ActiveMQ pattern's Hypothesis state machine against the real stack: bad caught, fixed holds.
+
+The patterns and their rules are the ones ``txchaos bench machines`` measures
+(``harness.bench.machines.TARGETS``). The 1PC stage has its own file, which also proves the
+counterexample shrinks (``onepc_machine_scenario.py``); here the search stops at the first
+counterexample (no shrink phase: shrinking is what the benchmark times), and the fixed variant
+runs the profile's examples (``TXCHAOS_PROFILE=dev|ci|nightly``) without a single failure.
+
+Run it: ``pytest scenarios/pattern_machines_scenario.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness import Endpoints
+from harness.bench.machines import TARGETS
+from harness.machines.profiles import profile
+from harness.machines.stage import stage_machine
+
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
+PATTERNS = [name for name in TARGETS if name != "onepc"]
+# Generous: each pattern's bad variant was found within its first 7 examples when measured.
+SEARCH_CAP = 60
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_bad_variant_is_caught(txchaos_stack: Endpoints, pattern: str) -> None:
+    target = TARGETS[pattern]()
+    machine = stage_machine(target.bad, txchaos_stack, **target.attrs)
+    search = settings(profile(), max_examples=SEARCH_CAP, database=None, phases=[Phase.explicit, Phase.generate])
+    with pytest.raises(AssertionError, match=target.anomaly) as failure:
+        run_state_machine_as_test(machine, settings=search)
+    assert machine.found_at is not None
+    # The failure carries what replays it.
+    assert "seed:" in str(failure.value)
+    assert "steps:" in str(failure.value)
+    assert "run folder:" in str(failure.value)
+    print(f"{target.pattern}: {target.anomaly} at example {machine.found_at[0]} after {machine.found_at[1]:.0f}s")
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_fixed_variant_holds(txchaos_stack: Endpoints, pattern: str) -> None:
+    target = TARGETS[pattern]()
+    machine = stage_machine(target.fixed, txchaos_stack, **target.attrs)
+    run_state_machine_as_test(machine, settings=settings(profile(), database=None))
+    assert machine.examples >= profile().max_examples
+    assert machine.last_result is not None
+    assert machine.last_result.verdict.clean, machine.last_result.verdict.headline()
