@@ -3,7 +3,8 @@
 A worker's cold start is ~0.5 s, most of it importing SQLAlchemy and stomp.py. A Hypothesis
 example starts a worker and restarts it after every crash, so that cost bounds examples per
 minute. ``Standby`` keeps interpreters ready (``python -m harness.worker --standby``: imports
-done, blocked on stdin; two of them, since a crash restart follows soon after a start) and hands
+done, blocked on stdin; four of them, since a crash-looping worker restarts every ~0.2 s and a
+spare needs ~0.4 s to import on 2 cores: with two, a poison example waited ~0.3 s per restart) and hands
 one a worker spec when a worker is wanted; it redirects its output to the run's log and runs
 the spec as a cold worker would.
 
@@ -30,7 +31,7 @@ Request = tuple[Path, Path, str, str]  # spec path, log path, worker name, regis
 class Standby:
     """Start worker processes from a pre-imported spare; one keeper thread spawns them all."""
 
-    def __init__(self, spares: int = 2) -> None:
+    def __init__(self, spares: int = 4) -> None:
         self.spares = spares
         self._requests: queue.Queue[tuple[Request, Future[Managed]] | None] = queue.Queue()
         self._ready: list[Managed] = []
