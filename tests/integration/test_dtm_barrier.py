@@ -1,0 +1,110 @@
+"""The barrier check-back against the real DTM server and real Postgres, both through Toxiproxy.
+
+Services here are threads of the test process (the worker-process runner is not built yet): this
+proves the check-back logic of harness.patterns.dtm_barrier, not crash behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from sqlalchemy import Engine, text
+
+from harness import Endpoints
+from harness.clients.db import apply_schema, engine
+from harness.clients.dtm import DtmClient
+from harness.patterns.dtm_barrier import INSERT_IGNORE, SELECT_REASON, BarrierKey, checkback_answer, msg_body
+
+pytestmark = [pytest.mark.integration, pytest.mark.dtm]
+
+
+@pytest.fixture
+def db(txchaos_stack: Endpoints) -> Iterator[Engine]:
+    eng = engine(txchaos_stack.postgres_url)
+    apply_schema(eng, "dtm_transfer")
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def dtm(txchaos_stack: Endpoints) -> DtmClient:
+    assert txchaos_stack.dtm is not None
+    return DtmClient(txchaos_stack.dtm.host, txchaos_stack.dtm.port, timeout=2.0)
+
+
+@pytest.fixture
+def services(db: Engine) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, result: str) -> None:
+            body = json.dumps({"dtm_result": result}).encode()
+            self.send_response(200 if result == "SUCCESS" else 409)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # check-back: insert-ignore 'rollback', then read the reason
+            gid = self.path.split("gid=")[1].split("&")[0]
+            key = BarrierKey(gid)
+            with db.begin() as conn:
+                conn.execute(text(INSERT_IGNORE), key.params("rollback"))
+                reason = conn.execute(text(SELECT_REASON), key.params("")).scalar()
+            self._answer(checkback_answer(reason))
+
+        def do_POST(self) -> None:  # the credit branch
+            gid = self.path.split("gid=")[1].split("&")[0]
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with db.begin() as conn:
+                conn.execute(text("INSERT INTO dtm_credits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
+            self._answer("SUCCESS")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _wait_status(dtm: DtmClient, gid: str, want: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    status = None
+    while time.monotonic() < deadline:
+        trans = dtm.query(gid).get("transaction")
+        status = None if trans is None else trans["status"]
+        if status == want:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{gid}: status {status!r}, wanted {want!r}")
+
+
+def _count(db: Engine, table: str, gid: str) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table} WHERE gid = :g"), {"g": gid}).scalar_one())
+
+
+def test_committed_but_not_submitted_is_delivered_once(dtm: DtmClient, db: Engine, services: str) -> None:
+    gid = f"it-{uuid.uuid4().hex[:12]}"
+    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
+    with db.begin() as conn:  # debit + barrier, then "crash": no submit
+        conn.execute(text("INSERT INTO dtm_debits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
+        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 1
+    _wait_status(dtm, gid, "succeed")
+    assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (1, 1)
+
+
+def test_not_committed_is_rolled_back_by_the_check_back(dtm: DtmClient, db: Engine, services: str) -> None:
+    gid = f"it-{uuid.uuid4().hex[:12]}"
+    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
+    _wait_status(dtm, gid, "failed")
+    with db.begin() as conn:  # the late local transaction loses the claim and must roll back
+        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 0
+    assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (0, 0)
