@@ -19,7 +19,14 @@ from sqlalchemy import Engine, text
 from harness import Endpoints
 from harness.clients.db import apply_schema, engine
 from harness.clients.dtm import DtmClient
-from harness.patterns.dtm_barrier import INSERT_IGNORE, SELECT_REASON, BarrierKey, checkback_answer, msg_body
+from harness.patterns.dtm_barrier import (
+    INSERT_IGNORE,
+    SELECT_REASON,
+    BarrierKey,
+    checkback_answer,
+    msg_body,
+    naive_checkback_answer,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.dtm]
 
@@ -53,9 +60,11 @@ def services(db: Engine) -> Iterator[str]:
             gid = self.path.split("gid=")[1].split("&")[0]
             key = BarrierKey(gid)
             with db.begin() as conn:
-                conn.execute(text(INSERT_IGNORE), key.params("rollback"))
+                if not self.path.startswith("/check-naive"):  # the naive one only SELECTs
+                    conn.execute(text(INSERT_IGNORE), key.params("rollback"))
                 reason = conn.execute(text(SELECT_REASON), key.params("")).scalar()
-            self._answer(checkback_answer(reason))
+            naive = self.path.startswith("/check-naive")
+            self._answer(naive_checkback_answer(reason is not None) if naive else checkback_answer(reason))
 
         def do_POST(self) -> None:  # the credit branch
             gid = self.path.split("gid=")[1].split("&")[0]
@@ -108,3 +117,14 @@ def test_not_committed_is_rolled_back_by_the_check_back(dtm: DtmClient, db: Engi
     with db.begin() as conn:  # the late local transaction loses the claim and must roll back
         assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 0
     assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (0, 0)
+
+
+def test_naive_check_back_loses_a_late_commit(dtm: DtmClient, db: Engine, services: str) -> None:
+    gid = f"it-{uuid.uuid4().hex[:12]}"
+    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check-naive"))
+    with db.begin() as conn:  # in progress while DTM checks back: the SELECT sees nothing
+        conn.execute(text("INSERT INTO dtm_debits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
+        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 1
+        _wait_status(dtm, gid, "failed")
+    # committed after the check: a debit without a credit (the anomaly the runner must name "lost")
+    assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (1, 0)
