@@ -47,6 +47,8 @@ def dtm(txchaos_stack: Endpoints) -> DtmClient:
 
 @pytest.fixture
 def services(db: Engine) -> Iterator[str]:
+    crashed: set[str] = set()
+
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, result: str) -> None:
             body = json.dumps({"dtm_result": result}).encode()
@@ -69,8 +71,15 @@ def services(db: Engine) -> Iterator[str]:
         def do_POST(self) -> None:  # the credit branch
             gid = self.path.split("gid=")[1].split("&")[0]
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            guarded = "/credit-barrier" in self.path
             with db.begin() as conn:
-                conn.execute(text("INSERT INTO dtm_credits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
+                key = BarrierKey(gid, branch_id="01", op="action")
+                if not guarded or conn.execute(text(INSERT_IGNORE), key.params("action")).rowcount == 1:
+                    conn.execute(text("INSERT INTO dtm_credits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
+            if "crash-once" in self.path and gid not in crashed:  # committed, then no answer: DTM retries
+                crashed.add(gid)
+                self._answer("ONGOING")
+                return
             self._answer("SUCCESS")
 
         def log_message(self, format: str, *args: object) -> None:
@@ -128,3 +137,15 @@ def test_naive_check_back_loses_a_late_commit(dtm: DtmClient, db: Engine, servic
         _wait_status(dtm, gid, "failed")
     # committed after the check: a debit without a credit (the anomaly the runner must name "lost")
     assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (1, 0)
+
+
+@pytest.mark.parametrize(("path", "credits"), [("credit-barrier", 1), ("credit", 2)])
+def test_branch_retried_after_its_commit(dtm: DtmClient, db: Engine, services: str, path: str, credits: int) -> None:
+    gid = f"it-{uuid.uuid4().hex[:12]}"
+    body = msg_body(gid, f"{services}/{path}?crash-once=1", {}, checkback_url=f"{services}/check")
+    dtm.call("POST", "prepare", body)
+    with db.begin() as conn:
+        conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg"))
+    dtm.call("POST", "submit", body)
+    _wait_status(dtm, gid, "succeed")
+    assert _count(db, "dtm_credits", gid) == credits
