@@ -283,6 +283,7 @@ class KafkaRunSession:
             sink.check()
             done = len(want & sink.accounted())
             if done == len(want):
+                pool.wait_serving(deadline)  # a replaced consumer may still get records back
                 break
             now = time.monotonic()
             if consumed_at is None and now >= next_check:

@@ -301,6 +301,8 @@ class RunSession:
             sink.check()
             done = len(want & sink.accounted())
             if done == len(want):
+                # A worker killed after its DB commit gets its message back once it is replaced.
+                pool.wait_serving(deadline)
                 break
             if done > progressed:
                 progressed, restarts_then = done, pool.restarts

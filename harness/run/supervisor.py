@@ -42,7 +42,7 @@ class WorkerPool:
         deadline = time.monotonic() + timeout
         pending = {s.name for s in self.specs}
         while pending and time.monotonic() < deadline:
-            pending = {n for n in pending if not (self.run_dir / "workers" / f"{n}.ready").exists()}
+            pending = {n for n in pending if not self._ready_path(n).exists()}
             for name in pending:
                 if not self.procs[name].alive() and self.restarts > 3 * len(self.specs):
                     raise HarnessError(
@@ -54,6 +54,26 @@ class WorkerPool:
                 f"worker(s) {sorted(pending)} did not subscribe in {timeout:.0f}s",
                 hint=f"read the worker logs in {self.run_dir / 'logs'}",
             )
+
+    def _ready_path(self, name: str) -> Path:
+        return self.run_dir / "workers" / f"{name}.ready"
+
+    def serving(self) -> bool:
+        """Return whether every worker is alive and subscribed: none is dead or restarting.
+
+        A worker killed after its DB commit has its message back in the queue; until its
+        replacement subscribes, that redelivery has not happened yet, even if the operation
+        already came out downstream (an outbox relay sends it on independently).
+        """
+        return all(p.alive() and self._ready_path(n).exists() for n, p in list(self.procs.items()))
+
+    def wait_serving(self, deadline: float) -> bool:
+        """Wait until ``serving()`` or the monotonic ``deadline``; return whether it serves."""
+        while not self.serving():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _spawn(self, spec: WorkerSpec) -> None:
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
@@ -78,6 +98,7 @@ class WorkerPool:
                 sig = signal.Signals(-code).name if code < 0 else None
                 self.ledger.emit(Kind.WORKER_EXIT, stage=spec.stage, worker=spec.name, returncode=code, signal=sig)
                 proc.record.unlink(missing_ok=True)
+                self._ready_path(spec.name).unlink(missing_ok=True)
                 time.sleep(self.restart_delay)
                 self.restarts += 1
                 self._spawn(spec)
