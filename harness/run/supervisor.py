@@ -23,7 +23,7 @@ class WorkerPool:
     """
 
     def __init__(
-        self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.05
+        self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.01
     ) -> None:
         self.specs = specs
         self.run_dir = run_dir
