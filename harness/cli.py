@@ -309,9 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
-        "`machines` (state machines per pattern)",
+        "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines"))
+    p.add_argument("what", choices=("stack", "verify", "machines", "kafka"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         provider.stop()
     lat = result.verdict.stats["latency_ms"]
-    manifest_took = _run_seconds(result.run_dir)
+    manifest_took = run_seconds(result.run_dir)
     rate = args.messages / manifest_took
     rows: list[list[object]] = [
         [
@@ -111,7 +111,8 @@ def _spec(messages: int, variant: str) -> ScenarioSpec:
     )
 
 
-def _run_seconds(run_dir: object) -> float:
+def run_seconds(run_dir: object) -> float:
+    """Return the seconds from the first submission to the last downstream event (manifest time if none)."""
     import json
     from pathlib import Path
 
