@@ -190,7 +190,10 @@ class KafkaRunSession:
         for op in new:
             n = len(self.ops)
             self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_topic)
-            body = json.dumps({"op": op, "n": n, "amount": 1 + n % 7})
+            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
+            if n in self.spec.poison:
+                fields["poison"] = True  # a record its handler cannot process, on every delivery
+            body = json.dumps(fields)
             self._producer.produce(self.input_topic, body, key=op, headers={"txchaos-op": op})
             self.ops.append(op)
         self._producer.flush()

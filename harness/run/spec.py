@@ -191,9 +191,9 @@ class ScenarioSpec:
         kafka = self.broker == "kafka"
         if kafka:
             KafkaStageOptions.from_options(self.options)
-            if self.chain or self.helpers or self.poison or self.outbox_table:
+            if self.chain or self.helpers or self.outbox_table:
                 raise ConfigError(
-                    "a Kafka scenario with chain, helpers, poison or outbox_table",
+                    "a Kafka scenario with chain, helpers or outbox_table",
                     hint="the Kafka run has one consumer stage so far: leave those out",
                 )
         actions = KAFKA_ACTIONS if kafka else ACTIONS

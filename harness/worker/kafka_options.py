@@ -22,6 +22,12 @@ KAFKA_ACTIONS = ("kill", "disconnect")
 OFFSET_STORES = ("manual", "auto")
 COMMITS = ("batch", "record", "timer", "transaction")
 DB_TXS = ("record", "batch")
+# What a failed batch transaction (db_tx="batch") does next. isolate: redo the batch record by
+# record. retry_batch: the batch listener without a failure index: retry the whole batch, then
+# dead-letter every record of it. index: the handler raises BatchFailed(index): the records
+# before it are redone as a batch, the failed one alone (retried, then dead-lettered), the rest
+# as a batch again.
+BATCH_ERRORS = ("isolate", "retry_batch", "index")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class KafkaStageOptions:
     ``transaction`` commits the batch's offsets with its output records in one Kafka transaction
     (``send_offsets_to_transaction``; the DB transaction stays outside it).
     ``db_tx``: one DB transaction per ``record`` or per ``batch``.
+    ``batch_errors``: what a failed batch transaction does next (``BATCH_ERRORS``).
     ``static_membership``: a restarted worker rejoins under its old ``group.instance.id`` and
     gets its partitions back at once; otherwise they move after ``session_timeout_ms``.
     A handler error is retried ``max_attempts`` times with exponential backoff from
@@ -47,6 +54,7 @@ class KafkaStageOptions:
     offset_store: str = "manual"
     commit: str = "batch"
     db_tx: str = "record"
+    batch_errors: str = "isolate"
     session_timeout_ms: int = 6000
     heartbeat_ms: int = 1000
     static_membership: bool = False
@@ -57,7 +65,13 @@ class KafkaStageOptions:
     partitions: int = 3
 
     def __post_init__(self) -> None:
-        for name, allowed in (("offset_store", OFFSET_STORES), ("commit", COMMITS), ("db_tx", DB_TXS)):
+        allowed_values = (
+            ("offset_store", OFFSET_STORES),
+            ("commit", COMMITS),
+            ("db_tx", DB_TXS),
+            ("batch_errors", BATCH_ERRORS),
+        )
+        for name, allowed in allowed_values:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"Kafka option {name}={value!r}", hint=f"use one of {', '.join(allowed)}")

@@ -98,6 +98,19 @@ class KafkaContext:
         self._crash(name)
 
 
+class BatchFailed(Exception):
+    """Raised by a batch handler to say which record failed: ``index`` into its batch.
+
+    With ``batch_errors="index"`` the worker redoes the records before it as a batch, the failed
+    record alone (retried, then dead-lettered with an alert) and the records after it as a batch
+    (Spring Kafka's ``BatchListenerFailedException``).
+    """
+
+    def __init__(self, index: int, cause: str) -> None:
+        super().__init__(f"record {index} of the batch failed: {cause}")
+        self.index = index
+
+
 KafkaHandler = Callable[[KafkaContext], None]
 BatchHandler = Callable[[list[KafkaContext]], None]
 
@@ -340,13 +353,10 @@ class KafkaStageWorker:
         if self.opts.commit == "transaction":
             producer.begin()
         try:
-            if self.opts.db_tx == "batch" and self._batch_tx(records, ops):
-                pass
+            if self.opts.db_tx == "batch":
+                self._in_batches(records, ops)
             else:
-                for r, op in zip(records, ops, strict=True):
-                    self._one(r, op)
-                    if self.opts.commit == "record":
-                        self._commit([r], [op])
+                self._each(records, ops)
             if self.opts.commit in ("batch", "transaction"):
                 self._commit(records, ops)
         except ForcedRedelivery as forced:
@@ -399,6 +409,8 @@ class KafkaStageWorker:
                 if not self._survivable(exc, r, op, attempt):
                     raise
                 if attempt >= self.opts.max_attempts:
+                    # The recoverer knows which record failed: it parks it and says so.
+                    self._emit(Kind.ALERT, r, op, reason=f"failed {attempt} times: {exc!r}"[:300])
                     self._to_dlt(r, op, repr(exc)[:300])
                     self._done(r)
                     return
@@ -407,8 +419,41 @@ class KafkaStageWorker:
         self._outputs(ctx, r, op)
         self._done(r)
 
-    def _batch_tx(self, records: list[Record], ops: list[str]) -> bool:
-        """Process the batch in one DB transaction; False when it must be redone record by record."""
+    def _each(self, records: list[Record], ops: list[str]) -> None:
+        for r, op in zip(records, ops, strict=True):
+            self._one(r, op)
+            if self.opts.commit == "record":
+                self._commit([r], [op])
+
+    def _in_batches(self, records: list[Record], ops: list[str]) -> None:
+        """Run ``records`` in one DB transaction; a failure goes on as ``batch_errors`` says."""
+        failure = self._batch_tx(records, ops, 1)
+        if failure is None:
+            return
+        mode = self.opts.batch_errors
+        if mode == "index" and isinstance(failure, BatchFailed) and 0 <= failure.index < len(records):
+            i = failure.index
+            if i > 0:
+                self._in_batches(records[:i], ops[:i])
+            self._one(records[i], ops[i])  # alone: retried, then dead-lettered with an alert
+            if i + 1 < len(records):
+                self._in_batches(records[i + 1 :], ops[i + 1 :])
+            return
+        if mode == "retry_batch":
+            for attempt in range(2, self.opts.max_attempts + 1):
+                time.sleep(self.opts.backoff_ms / 1000 * 2 ** (attempt - 2))
+                failure = self._batch_tx(records, ops, attempt)
+                if failure is None:
+                    return
+            # The error is the batch's, not a record's: every record of it goes, none is blamed.
+            for r, op in zip(records, ops, strict=True):
+                self._to_dlt(r, op, f"batch failed {self.opts.max_attempts} times: {failure!r}"[:300])
+                self._done(r)
+            return
+        self._each(records, ops)  # one bad record must not sink the batch: isolate it
+
+    def _batch_tx(self, records: list[Record], ops: list[str], attempt: int) -> Exception | None:
+        """Process the batch in one DB transaction; return the handler's error if it failed."""
         contexts: list[KafkaContext] = []
         try:
             conn = self._db()
@@ -430,9 +475,9 @@ class KafkaStageWorker:
         except ForcedRedelivery:
             raise
         except Exception as exc:
-            if not self._survivable(exc, None, None, 1):
+            if not self._survivable(exc, None, None, attempt):
                 raise
-            return False  # one bad record must not sink the batch: isolate it record by record
+            return exc
         for r, op in zip(records, ops, strict=True):
             self._emit(Kind.DB_COMMIT, r, op)
         for r, op in zip(records, ops, strict=True):
@@ -440,7 +485,7 @@ class KafkaStageWorker:
         for ctx, r, op in zip(contexts, records, ops, strict=True):
             self._outputs(ctx, r, op)
             self._done(r)
-        return True
+        return None
 
     def _survivable(self, exc: Exception, r: Record | None, op: str | None, attempt: int) -> bool:
         """Record a handler error; False when it is infrastructure trouble the worker must die of.

@@ -28,7 +28,13 @@ def kafka_spec(**kw: object) -> ScenarioSpec:
 
 def test_options_default_to_the_at_least_once_discipline() -> None:
     o = KafkaStageOptions.from_options({"table": "ignored: a handler option", "batch_size": 5})
-    assert (o.batch_size, o.offset_store, o.commit, o.db_tx) == (5, "manual", "batch", "record")
+    assert (o.batch_size, o.offset_store, o.commit, o.db_tx, o.batch_errors) == (
+        5,
+        "manual",
+        "batch",
+        "record",
+        "isolate",
+    )
     assert (o.session_timeout_ms, o.heartbeat_ms, o.static_membership) == (6000, 1000, False)
 
 
@@ -38,6 +44,7 @@ def test_options_default_to_the_at_least_once_discipline() -> None:
         ({"offset_store": "later"}, "offset_store='later'", "manual, auto"),
         ({"commit": "never"}, "commit='never'", "batch, record, timer, transaction"),
         ({"db_tx": "none"}, "db_tx='none'", "record, batch"),
+        ({"batch_errors": "skip"}, "batch_errors='skip'", "isolate, retry_batch, index"),
         ({"batch_size": 0}, "batch_size=0", "from 1 to 10000"),
         ({"batch_size": True}, "batch_size=True", "whole number"),
         ({"session_timeout_ms": 500}, "session_timeout_ms=500", "from 1000"),
