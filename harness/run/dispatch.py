@@ -1,4 +1,4 @@
-"""Run a scenario on the broker its spec names: ActiveMQ (``runner``) or Kafka (``kafka_runner``)."""
+"""Run a scenario with the run lifecycle of the broker its spec names: ActiveMQ, Kafka or DTM."""
 
 from __future__ import annotations
 
@@ -22,4 +22,8 @@ def run_spec(
         from harness.run.kafka_runner import run_kafka_scenario
 
         return run_kafka_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
+    if spec.broker == "dtm":
+        from harness.run.dtm_runner import run_dtm_scenario
+
+        return run_dtm_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
     return run_scenario(spec, endpoints, runs_root=runs_root, progress=progress)

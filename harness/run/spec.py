@@ -153,7 +153,8 @@ class ScenarioSpec:
     # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides STAGE_POINTS.
     points: tuple[str, ...] = ()
     # The broker the flow runs on: "activemq" (harness.run.runner) or "kafka" (harness.run.kafka_runner,
-    # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions).
+    # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions) or "dtm"
+    # (harness.run.dtm_runner: a 2-phase message transfer; its crash points are only ``points``).
     broker: str = "activemq"
 
     def __post_init__(self) -> None:
@@ -186,8 +187,16 @@ class ScenarioSpec:
                 f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
                 hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
-        if self.broker not in ("activemq", "kafka"):
-            raise ConfigError(f"unknown broker {self.broker!r}", hint="use 'activemq' or 'kafka'")
+        if self.broker not in ("activemq", "kafka", "dtm"):
+            raise ConfigError(
+                f"unknown broker {self.broker!r}",
+                hint="use 'activemq' or 'kafka' (queues, topics), or 'dtm' (2-phase messages)",
+            )
+        if self.broker == "dtm" and (self.chain or self.outbox_table or self.poison or self.workers != 1):
+            raise ConfigError(
+                "a DTM scenario with chain, outbox_table, poison or several workers",
+                hint="the DTM run has one service and its helpers (the branch): leave those out",
+            )
         kafka = self.broker == "kafka"
         if kafka:
             KafkaStageOptions.from_options(self.options)
@@ -196,8 +205,9 @@ class ScenarioSpec:
                     "a Kafka scenario with chain, helpers or outbox_table",
                     hint="the Kafka run has one consumer stage so far: leave those out",
                 )
-        actions = KAFKA_ACTIONS if kafka else ACTIONS
-        points = (*(KAFKA_POINTS if kafka else STAGE_POINTS), *self.points)
+        actions = KAFKA_ACTIONS if kafka else ("kill",) if self.broker == "dtm" else ACTIONS
+        base = KAFKA_POINTS if kafka else () if self.broker == "dtm" else STAGE_POINTS
+        points = (*base, *self.points)
         for crash in self.crashes:
             if crash.action not in actions:
                 raise ConfigError(f"unknown crash action {crash.action!r}", hint=f"use one of {', '.join(actions)}")
