@@ -76,6 +76,8 @@ class DtmRunSession(RunSession):
         self._requests = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtm-driver")
         self._answers: dict[str, Future[str]] = {}
         self._undecided: dict[str, str] = {}
+        # (debited, credited) when the books closed: what conservation of money is checked on.
+        self.books: tuple[int, int] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> DtmRunSession:
@@ -257,7 +259,7 @@ class DtmRunSession(RunSession):
         for op in sorted(set(db.column_values(engine, "dtm_debits", "op_id")) - recorded):
             # The service never learnt this debit committed (an error on COMMIT's answer).
             self.ledger.emit(Kind.SUBMIT, op=op, msg=self.gid(op), dest="dtm", by="snapshot")
-        debited, credited = money(engine)
+        debited, credited = self.books = money(engine)
         self.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
 
 

@@ -1,0 +1,93 @@
+"""The DTM transfer's Hypothesis state machine against the real stack: bad variants caught, the fixed one holds.
+
+Rules: submit transfers, kill the service or the branch at any of their points, hold a local
+transaction past the check-back, toxics (latency, reset_peer, partition) on the ``dtm`` and
+``postgres`` proxies, kill -9 of the DTM server. Invariants after quiescence: every committed
+debit has exactly one credit (a clean verdict) and the money balances.
+
+- ``naive-checkback``: the SELECT-only check-back -> caught as ``lost``, on a held transfer
+- ``branch-no-barrier``: the credit branch without its barrier -> caught as ``duplicate-effect``
+  once a branch is killed after its commit, or a reset on the Postgres proxy loses the answer to
+  its COMMIT (the branch cannot tell, answers an error, and DTM calls it again)
+- ``fixed``: barrier check-back and branch barrier -> the profile's examples hold
+
+The bad searches stop at the first counterexample (no shrink phase), capped; the fixed one runs
+``TXCHAOS_PROFILE``'s examples (dev 8, ci 15).
+
+Run it: ``pytest scenarios/dtm_machine_scenario.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness import Endpoints, Kind, ScenarioSpec, read_ledger
+from harness.machines.dtm import dtm_machine
+from harness.machines.profiles import profile
+from harness.run.scenarios import resolve
+
+pytestmark = [pytest.mark.integration, pytest.mark.dtm]
+SEARCH_CAP = 40
+
+
+def machine_spec(variant: str, *, checkback: str = "barrier", branch_barrier: bool = True) -> ScenarioSpec:
+    """Return the transfer spec the machine drives: no scripted crash, hold or fault."""
+    (base,) = resolve("dtm_transfer:after-commit", 0, Path(__file__).parent)
+    (branch,) = base.helpers
+    return replace(
+        base,
+        variant=variant,
+        crashes=(),
+        options={"checkback": checkback},
+        helpers=(replace(branch, options={"barrier": branch_barrier}),),
+    )
+
+
+BAD = {
+    "naive-checkback": (machine_spec("naive-checkback", checkback="naive"), "lost"),
+    "branch-no-barrier": (machine_spec("branch-no-barrier", branch_barrier=False), "duplicate-effect"),
+}
+
+
+@pytest.mark.parametrize("variant", list(BAD))
+def test_bad_variant_is_caught(txchaos_stack: Endpoints, variant: str) -> None:
+    spec, anomaly = BAD[variant]
+    machine = dtm_machine(spec, txchaos_stack)
+    search = settings(profile(), max_examples=SEARCH_CAP, database=None, phases=[Phase.explicit, Phase.generate])
+    with pytest.raises(AssertionError, match=f"ANOMALIES: {anomaly}=") as failure:
+        run_state_machine_as_test(machine, settings=search)
+    assert machine.found_at is not None
+    assert machine.last_result is not None
+    verdict = machine.last_result.verdict
+    assert set(verdict.found()) == {anomaly}, verdict.headline()
+    flagged = verdict.ops(anomaly)
+    if variant == "naive-checkback":  # only a transaction still open at the check-back is lost
+        assert flagged <= set(machine.last_held), (flagged, machine.last_held)
+        assert "slow_commit()" in machine.last_steps
+    else:  # a credit committed whose answer DTM never got (branch killed, or COMMIT's reply reset) is repeated
+        events = read_ledger(machine.last_result.run_dir / "ledger").to_pylist()
+        credits = Counter(e["op"] for e in events if e["kind"] == Kind.EFFECT and e["src"] == "branch")
+        assert all(credits[op] >= 2 for op in flagged), credits
+        causes = ("arm_crash('branch_after_commit')", "network_fault('postgres', 'reset_peer')")
+        assert any(step in causes for step in machine.last_steps), machine.last_steps
+    assert flagged
+    for op in flagged:  # the failure names the operation and carries what replays it
+        assert op in str(failure.value)
+    assert re.search(r"seed: \d+", str(failure.value))
+    assert "steps:" in str(failure.value)
+    assert "run folder:" in str(failure.value)
+
+
+def test_fixed_variant_holds(txchaos_stack: Endpoints) -> None:
+    machine = dtm_machine(machine_spec("fixed"), txchaos_stack)
+    run_state_machine_as_test(machine, settings=settings(profile(), database=None))
+    assert machine.examples >= profile().max_examples
+    assert machine.last_result is not None
+    assert machine.last_result.verdict.clean, machine.last_result.verdict.headline()
