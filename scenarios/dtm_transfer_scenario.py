@@ -9,7 +9,8 @@ Toxiproxy. The operation a fault hits is chosen from the seed.
 - ``before-commit``: killed with the debit written but not committed -> Postgres rolls it back,
   the check-back claims the barrier and answers FAILURE: no debit, no credit: clean
 - ``naive-checkback``: a check-back that only SELECTs, and a local transaction still open when
-  DTM asks (held 4 s) -> FAILURE, then the debit commits: a debit without a credit: lost
+  DTM asks (held until DTM checks back) -> FAILURE, then the debit commits: a debit without a
+  credit: lost
 - ``slow-commit``: the same held transaction with the barrier check-back -> its insert waits on
   the row lock, reads ``msg`` and answers SUCCESS: clean
 - ``branch-crash``: the branch is killed after its credit commit, before answering DTM -> DTM
@@ -17,7 +18,8 @@ Toxiproxy. The operation a fault hits is chosen from the seed.
 - ``branch-crash-naive``: the same without the branch barrier -> credited twice: duplicate-effect
 - ``dtm-latency`` / ``dtm-reset`` / ``dtm-partition`` / ``postgres-reset`` / ``dtm-restart``:
   network faults on the service's way to DTM (or to Postgres) and a kill -9 of DTM while
-  transfers run, with the fixed variant: clean, and the money balances
+  transfers run (each local transaction lasts 0.5 s, so the fault meets them before their
+  submit), with the fixed variant: clean, and the money balances
 
 Run it: ``txchaos run dtm_transfer[:VARIANT] --seed N`` or ``pytest scenarios/dtm_transfer_scenario.py``.
 """
@@ -61,7 +63,9 @@ def _spec(
     branch = Helper("branch", "harness.patterns.dtm_transfer:branch", port=True, options={"barrier": branch_barrier})
     options: dict[str, object] = {"checkback": checkback}
     if slow:
-        options |= {"slow_commits": [chosen(seed)], "hold_s": 4.0}
+        options |= {"slow_commits": [chosen(seed)], "hold_s": 6.0}
+    if faults:  # every local transaction lasts 0.5 s: the fault meets transfers before their submit
+        options |= {"local_tx_s": 0.5}
     return ScenarioSpec(
         name=NAME,
         variant=variant,

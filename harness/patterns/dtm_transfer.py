@@ -12,14 +12,18 @@ Ledger events, per operation (the DTM gid is ``<op>.<run tag>``, in ``msg``):
 
 - service: ``deliver`` (request in), ``prepare`` (DTM took it), ``effect`` (debit written),
   ``db_commit`` then ``submit`` (the debit committed: the message now exists, whatever DTM
-  knows), ``broker_commit`` (DTM took the submit), ``db_rollback``, ``error``;
+  knows), ``broker_commit`` (DTM took the submit), ``db_rollback`` (the check-back claimed the
+  barrier first), ``error`` (a call or the local transaction failed; its outcome is resolved
+  as the check-back would, or left to DTM's check-back);
 - check-back: ``broker_commit`` (answered SUCCESS, by="checkback") or ``abort_prepared``
   (answered FAILURE);
 - branch: ``deliver``, ``effect`` (credit written), ``skip`` (its barrier found a retry),
   ``db_commit``.
 
 ``checkback="naive"`` only SELECTs the barrier row (the bug): a local transaction still open
-when DTM asks is answered FAILURE, then commits: a debit whose message DTM has dropped.
+when DTM asks is answered FAILURE, then commits: a debit whose message DTM has dropped. A
+request's ``hold_s`` makes its local transaction that long one: it stays open until DTM checks
+it back (then commits ``CHECKED_GRACE_S`` later), or ``hold_s`` at most.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ BRANCH_POINTS = ("branch_before_commit", "branch_after_commit")
 POINTS = (*SERVICE_POINTS, *BRANCH_POINTS)
 CHECKBACKS = ("barrier", "naive")
 BRANCH_ID = "01"  # DTM numbers a message's steps 01, 02, ...
+# A held transaction commits this long after its check-back began: the check-back's own
+# statements (a SELECT, or an insert that then waits on the row lock) take milliseconds.
+CHECKED_GRACE_S = 0.3
 
 DEBIT = "INSERT INTO dtm_debits (op_id, gid, amount) VALUES (:op, :gid, :amount)"
 CREDIT = "INSERT INTO dtm_credits (op_id, gid, amount) VALUES (:op, :gid, :amount)"
@@ -171,6 +178,8 @@ def service(ctx: ProcessContext) -> None:
         raise HarnessError("this stack has no DTM server", hint="start a new stack: `txchaos down && txchaos up`")
     dtm = DtmClient(ep.host, ep.port, timeout=3.0)
     engine = db.engine(ctx.endpoints.postgres_url, pool_size=6)
+    # gid -> set when DTM first checks it back: a held local transaction waits for that.
+    checked: dict[str, threading.Event] = {}
 
     def resolve(op: str, gid: str, body: dict[str, Any]) -> str:
         """After a local transaction failed for an unknown reason, decide as the check-back would."""
@@ -205,15 +214,16 @@ def service(ctx: ProcessContext) -> None:
                 if conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount != 1:
                     raise _Refused
                 ctx.record(Kind.EFFECT, op=op, msg=gid, dest="dtm_debits", amount=amount)
-                if hold:  # a long local transaction: still open when DTM checks back
-                    time.sleep(hold)
+                # A long local transaction: still open when DTM checks back (hold_s at most).
+                if hold and checked.setdefault(gid, threading.Event()).wait(hold):
+                    time.sleep(CHECKED_GRACE_S)
                 ctx.crash_point("before_local_commit", op=op, msg=gid)
         except _Refused:
             ctx.record(Kind.DB_ROLLBACK, op=op, msg=gid, dest="dtm_debits", why="the check-back claimed the barrier")
             _reply(handler, 409, {"result": "rolled back"})
             return
-        except Exception as exc:
-            ctx.record(Kind.DB_ROLLBACK, op=op, msg=gid, dest="dtm_debits", error=repr(exc))
+        except Exception as exc:  # rolled back, or committed with the answer lost: resolve() tells
+            ctx.record(Kind.ERROR, op=op, msg=gid, dest="dtm_debits", error=f"local transaction: {exc!r}")
             try:
                 result = resolve(op, gid, body)
             except Exception as again:  # DTM's own check-back decides later
@@ -235,6 +245,7 @@ def service(ctx: ProcessContext) -> None:
     def checkback_route(handler: BaseHTTPRequestHandler, query: dict[str, str], _: bytes) -> None:
         gid = query["gid"]
         op = op_of(gid)
+        checked.setdefault(gid, threading.Event()).set()
         answer = check_back(engine, gid, naive=naive)
         kind = Kind.BROKER_COMMIT if answer == CHECKBACK_SUCCESS else Kind.ABORT_PREPARED
         ctx.record(kind, op=op, msg=gid, dest="dtm", by="checkback", answer=answer)

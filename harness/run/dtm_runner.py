@@ -141,21 +141,22 @@ class DtmRunSession(RunSession):
     def submit(self, count: int, *, poison: bool = False, hold_s: float | None = None) -> list[str]:
         """Ask the service for ``count`` transfers (answers come in the background); return their ids.
 
-        ``hold_s`` keeps each one's local transaction open that long before it commits (else the
-        spec's ``options["slow_commits"]`` numbers are held ``options["hold_s"]``).
+        ``hold_s`` keeps each one's local transaction open until DTM checks it back, that long at
+        most (else the spec's ``options["slow_commits"]`` numbers are held ``options["hold_s"]``).
         """
         if poison:
             raise ConfigError("a DTM transfer has no poison form", hint="submit plain transfers")
-        slow = set(self.spec.options.get("slow_commits", ()))  # type: ignore[call-overload]
+        slow, default_hold, busy = _holds(self.spec)
         new = [self.op_id(n) for n in range(len(self.ops), len(self.ops) + count)]
+        held = 0.0
         for op in new:
             n = len(self.ops)
-            hold = hold_s if hold_s is not None else (float(self.spec.options.get("hold_s", 4.0)) if n in slow else 0.0)  # type: ignore[arg-type]
+            hold = hold_s if hold_s is not None else default_hold if n in slow else busy
+            held = max(held, hold)
             body = {"op": op, "n": n, "amount": 1 + n % 7, "hold_s": hold}
             self.ops.append(op)
             self._answers[op] = self._requests.submit(self._request, op, body)
-        held = f", local transaction held {hold_s}s" if hold_s else ""
-        self.folder.step(f"submit {count} transfer(s){held}")
+        self.folder.step(f"submit {count} transfer(s)" + (f", local transaction held {held}s" if held else ""))
         self.progress(f"submitted {len(self.ops)} transfers")
         return new
 
@@ -268,6 +269,19 @@ class DtmRunSession(RunSession):
         self.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
 
 
+def _holds(spec: ScenarioSpec) -> tuple[set[int], float, float]:
+    """Return the held operation numbers, how long they are held at most, and every other
+    transaction's duration (``options["local_tx_s"]``: keeps transfers in flight under a fault)."""
+    numbers = spec.options.get("slow_commits", [])
+    hold, busy = spec.options.get("hold_s", 6.0), spec.options.get("local_tx_s", 0.0)
+    if not isinstance(numbers, list | tuple) or not isinstance(hold, int | float) or not isinstance(busy, int | float):
+        raise ConfigError(
+            f"slow_commits={numbers!r}, hold_s={hold!r}, local_tx_s={busy!r}",
+            hint="give slow_commits as a list of operation numbers, hold_s and local_tx_s in seconds",
+        )
+    return {int(n) for n in numbers}, float(hold), float(busy)
+
+
 def run_dtm_scenario(
     spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
 ) -> RunResult:
@@ -277,8 +291,7 @@ def run_dtm_scenario(
     flow quiet before and after it): a killed process takes every request in flight with it,
     and the scenario's expectation is about that one operation.
     """
-    slow: list[int] = list(spec.options.get("slow_commits", ()))  # type: ignore[call-overload]
-    alone = {c.op_index for c in spec.crashes if c.op_index is not None} | set(slow)
+    alone = {c.op_index for c in spec.crashes if c.op_index is not None} | _holds(spec)[0]
     with DtmRunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
 
         def submit_up_to(count: int) -> None:
