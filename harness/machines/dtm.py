@@ -8,7 +8,12 @@ while transfers run; after quiescence ``teardown`` checks the two invariants of 
 - money is conserved: the debits and the credits sum to the same amount.
 
 Like ``harness.machines.stage``, a failure is raised in one place (teardown), carrying the
-run folder, the seed and the step list, so Hypothesis sees one bug per program.
+run folder, the seed, the step list and every flagged operation id, so Hypothesis sees one bug
+per program. Each rule waits until DTM has decided its transfers: a killed process takes every
+request it has in flight with it, so transfers of two rules running at once would make a
+program's outcome depend on timing, and Hypothesis's replay of a counterexample flaky. What
+the first counterexample was stays in ``first_failure`` even when the replay differs anyway (a
+fault's timing against a transfer is still real timing).
 
 >>> Machine = dtm_machine(spec, endpoints)
 >>> run_state_machine_as_test(Machine, settings=profile("ci"))
@@ -35,7 +40,7 @@ from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.stack.base import Endpoints
 
 PROXIES = ("dtm", "postgres")
-HOLD_S = 4.0  # a local transaction held past DTM's check-back (~2-3 s after prepare)
+HOLD_S = 6.0  # a local transaction held until DTM checks it back (~1-3 s after prepare), at most this
 TOXICS: dict[str, Callable[[], object]] = {
     "latency": lambda: Latency(150, jitter_ms=20),
     "reset_peer": ResetPeer,
@@ -54,6 +59,8 @@ class DtmMachine(RuleBasedStateMachine):
     last_result: ClassVar[RunResult | None] = None
     # Operations whose local transaction was held past the check-back in the last example.
     last_held: ClassVar[list[str]] = []
+    # The first counterexample: (its failure message, its run, the held operations, its steps).
+    first_failure: ClassVar[tuple[str, RunResult, list[str], list[str]] | None] = None
     examples: ClassVar[int] = 0
     found_at: ClassVar[tuple[int, float] | None] = None
     started_at: ClassVar[float | None] = None
@@ -77,6 +84,7 @@ class DtmMachine(RuleBasedStateMachine):
     def submit(self, n: int) -> None:
         self._step(f"submit({n})")
         self.run.submit(n)
+        self._settle()
 
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
@@ -86,12 +94,14 @@ class DtmMachine(RuleBasedStateMachine):
         worker = "branch" if point in BRANCH_POINTS else "service"
         self.run.arm(Crash(point, worker=worker), op=self.run.op_id(len(self.run.ops)))
         self.run.submit(1)
+        self._settle()
 
     @rule()
     def slow_commit(self) -> None:
         """Submit one transfer whose local transaction is still open when DTM checks back."""
         self._step("slow_commit()")
         type(self).last_held += self.run.submit(1, hold_s=HOLD_S)
+        self._settle()
 
     @rule(proxy=st.sampled_from(PROXIES), toxic=st.sampled_from(sorted(TOXICS)))
     def network_fault(self, proxy: str, toxic: str) -> None:
@@ -99,6 +109,7 @@ class DtmMachine(RuleBasedStateMachine):
         self._step(f"network_fault({proxy!r}, {toxic!r})")
         self.run.submit(2)
         self.run.hold_fault(FaultWindow(TOXICS[toxic](), hold_s=1.0, target=proxy))
+        self._settle()
 
     @precondition(lambda self: type(self).dtm_restarts)
     @rule()
@@ -107,12 +118,19 @@ class DtmMachine(RuleBasedStateMachine):
         self._step("restart_dtm()")
         self.run.submit(2)
         self.run.hold_fault(FaultWindow(KillBroker("dtm"), hold_s=0.5))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait (bounded) until DTM has decided every transfer so far; teardown reports any it has not."""
+        self.run.wait_decided(timeout_s=30.0)
 
     # -- invariants ----------------------------------------------------------------------------
-    def _violated(self, message: str) -> None:
+    def _violated(self, message: str, result: RunResult) -> None:
         cls = type(self)
         if cls.found_at is None and cls.started_at is not None:
             cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
+        if cls.first_failure is None:
+            cls.first_failure = (message, result, list(cls.last_held), list(cls.last_steps))
         raise AssertionError(message)
 
     def teardown(self) -> None:
@@ -127,9 +145,11 @@ class DtmMachine(RuleBasedStateMachine):
         if debited != credited:
             broken.append(f"money not conserved: debited {debited}, credited {credited}")
         if broken:
+            ops = "".join(f"\n{cls}: {', '.join(sorted(verdict.ops(cls)))}" for cls in verdict.found())
             self._violated(
-                f"{'; '.join(broken)}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
-                f"steps: {' -> '.join(type(self).last_steps)}"
+                f"{'; '.join(broken)}{ops}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
+                f"steps: {' -> '.join(type(self).last_steps)}",
+                result,
             )
 
 
@@ -148,6 +168,7 @@ def dtm_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[
         "endpoints": endpoints,
         "last_steps": [],
         "last_held": [],
+        "first_failure": None,
         "examples": 0,
         "found_at": None,
         "started_at": None,
