@@ -287,6 +287,7 @@ class KafkaRunSession:
             done = len(want & sink.accounted())
             if done == len(want):
                 pool.wait_serving(deadline)  # a replaced consumer may still get records back
+                self._await_committed(deadline)
                 break
             now = time.monotonic()
             if consumed_at is None and now >= next_check:
@@ -305,6 +306,12 @@ class KafkaRunSession:
         time.sleep(self.spec.settle_s)  # let late duplicates arrive before the books close
         out = len(sink.accounted() & want)
         self.folder.step(f"quiescence after {out}/{len(want)} out; {pool.restarts} restart(s)")
+
+    def _await_committed(self, deadline: float) -> None:
+        """Wait (bounded) until the group committed all input: a worker killed after its output
+        but before its offset commit gets the records back, and its skip commits them."""
+        while time.monotonic() < deadline and not self.consumed():
+            time.sleep(COMMITTED_POLL_S)
 
     def _residue(self) -> None:
         """Record every input record past the group's committed offsets (still to be processed)."""
