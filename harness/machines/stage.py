@@ -33,6 +33,7 @@ from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError
 from harness.faults.broker import kill_service, restart_service
 from harness.ledger.schema import Kind
+from harness.run.kafka_runner import KafkaRunSession
 from harness.run.runner import RunResult, RunSession
 from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -41,6 +42,11 @@ CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")
 REDELIVERY_POINTS = ("before_db_commit", "after_db_commit")
 REDELIVERY_ACTIONS = ("abort_unsubscribe", "disconnect")
 PROXIES = ("activemq_stomp", "postgres")
+# A Kafka stage's windows: the crash points around its DB and offset commits, and a consumer that
+# leaves the group before its offset commit (everything after the last commit comes back).
+KAFKA_CRASH_POINTS = ("after_poll", "after_db_commit", "before_offset_commit")
+KAFKA_REDELIVERY_POINTS = ("after_db_commit", "before_offset_commit")
+KAFKA_PROXIES = ("kafka", "postgres")
 
 
 class StageMachine(RuleBasedStateMachine):
@@ -51,6 +57,7 @@ class StageMachine(RuleBasedStateMachine):
     crash_points: ClassVar[tuple[str, ...]] = CRASH_POINTS
     redelivery_points: ClassVar[tuple[str, ...]] = REDELIVERY_POINTS
     redelivery_actions: ClassVar[tuple[str, ...]] = REDELIVERY_ACTIONS
+    network_proxies: ClassVar[tuple[str, ...]] = PROXIES
     poison: ClassVar[bool] = False
     broker_restarts: ClassVar[bool] = False
     # The steps of the last example, in order: after a failure, the shrunk counterexample.
@@ -70,7 +77,9 @@ class StageMachine(RuleBasedStateMachine):
             cls.started_at = time.monotonic()
         cls.last_steps = []
         spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, 20.0))
-        self.run = RunSession(spec, cls.endpoints).open()
+        self.run: RunSession | KafkaRunSession = (
+            KafkaRunSession(spec, cls.endpoints) if spec.broker == "kafka" else RunSession(spec, cls.endpoints)
+        ).open()
         self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
         self.toxics: set[tuple[str, str]] = set()
         self.first_duplicate: tuple[int, list[str]] | None = None
@@ -114,20 +123,24 @@ class StageMachine(RuleBasedStateMachine):
     def submit_poison(self) -> None:
         """Submit one message that crashes the worker on every delivery."""
         self._step("submit_poison()")
+        if not isinstance(self.run, RunSession):
+            raise ConfigError("submit_poison on a Kafka run", hint="put poison records in the spec's `poison`")
         self.run.submit(1, poison=True)
 
     @precondition(lambda self: type(self).broker_restarts)
     @rule()
     def restart_broker(self) -> None:
-        """kill -9 ActiveMQ and start it again on its data, while the flow runs."""
+        """kill -9 the run's broker (ActiveMQ or Kafka) and start it again on its data, while the flow runs."""
+        broker = type(self).spec.broker
         self._step("restart_broker()")
-        self.run.ledger.emit(Kind.FAULT_START, point="kill:activemq")
-        kill_service(type(self).endpoints, "activemq")
-        took = restart_service(type(self).endpoints, "activemq")
-        self.run.ledger.emit(Kind.FAULT_END, point="kill:activemq", restart_s=round(took, 3))
+        self.run.ledger.emit(Kind.FAULT_START, point=f"kill:{broker}")
+        kill_service(type(self).endpoints, broker)
+        took = restart_service(type(self).endpoints, broker)
+        self.run.ledger.emit(Kind.FAULT_END, point=f"kill:{broker}", restart_s=round(took, 3))
 
-    @rule(proxy=st.sampled_from(PROXIES), latency_ms=st.sampled_from([20, 150]))
-    def slow_network(self, proxy: str, latency_ms: int) -> None:
+    @rule(data=st.data(), latency_ms=st.sampled_from([20, 150]))
+    def slow_network(self, data: st.DataObject, latency_ms: int) -> None:
+        proxy = data.draw(st.sampled_from(type(self).network_proxies), label="proxy")
         self._step(f"slow_network({proxy!r}, {latency_ms})")
         name = f"latency-{len(self.toxics)}"
         self.proxies.add_toxic(proxy, type="latency", name=name, attributes={"latency": latency_ms, "jitter": 10})
@@ -197,7 +210,16 @@ def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> typ
             hint="pass the txchaos_stack fixture's value",
         )
     name = f"{spec.name.title().replace('_', '')}{spec.variant.title().replace('-', '')}Machine"
+    kafka: dict[str, Any] = {}
+    if spec.broker == "kafka":
+        kafka = {
+            "crash_points": KAFKA_CRASH_POINTS,
+            "redelivery_points": KAFKA_REDELIVERY_POINTS,
+            "redelivery_actions": ("disconnect",),
+            "network_proxies": KAFKA_PROXIES,
+        }
     namespace: dict[str, Any] = {
+        **kafka,
         "spec": spec,
         "endpoints": endpoints,
         "last_steps": [],
