@@ -30,17 +30,15 @@ import pyarrow.compute as pc
 
 from harness.clients import db
 from harness.clients.dtm import DtmClient
-from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError, HarnessError
 from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
-from harness.run.runner import Progress, RunResult, RunSession
+from harness.run.runner import Progress, RunResult, RunSession, begin_run, reset_state
 from harness.run.spec import ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
-from harness.worker.crash import write_arms
 from harness.worker.spec import WorkerSpec
 
 SERVICE = "service"
@@ -89,15 +87,9 @@ class DtmRunSession(RunSession):
         """Reset the stack's state for this run and start the service and the branch."""
         spec, ep, folder = self.spec, self.endpoints, self.folder
         self._started = time.monotonic()
-        folder.start(spec, ep)
-        self.ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
-        write_arms(folder.path, [])
+        begin_run(spec, ep, folder, self.ledger)
         try:
-            self._engine = db.engine(ep.postgres_url)
-            db.apply_schema(self._engine, spec.schema)
-            db.truncate_all(self._engine)
-            ToxiproxyAdmin(ep.toxiproxy_api).reset()
-            folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+            self._engine = reset_state(spec, ep, folder)
             self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
             self._pool.start()
             checkback = spec.options.get("checkback", "barrier")

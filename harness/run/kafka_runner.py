@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.clients import db, kafka
-from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import active
 from harness.ledger.reader import compact
@@ -32,7 +31,7 @@ from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.folder import RunFolder
 from harness.run.kafka_sink import KafkaSink
-from harness.run.runner import RunResult
+from harness.run.runner import RunResult, begin_run, reset_state
 from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
@@ -90,15 +89,9 @@ class KafkaRunSession:
         """Reset the stack's state for this run, create its topics, start the sink (and the workers)."""
         spec, ep, folder = self.spec, self.endpoints, self.folder
         self._started = time.monotonic()
-        folder.start(spec, ep)
-        self.ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
-        write_arms(folder.path, [])
+        begin_run(spec, ep, folder, self.ledger)
         try:
-            self._engine = db.engine(ep.postgres_url)
-            db.apply_schema(self._engine, spec.schema)
-            db.truncate_all(self._engine)
-            ToxiproxyAdmin(ep.toxiproxy_api).reset()
-            folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+            self._engine = reset_state(spec, ep, folder)
             self._topics = [self.input_topic, self.output_topic, self.dlt]
             kafka.create_topics(self.bootstrap, self._topics, partitions=self.opts.partitions)
             folder.step(f"create topics {', '.join(self._topics)} ({self.opts.partitions} partition(s))")

@@ -56,6 +56,23 @@ def _quiet(_: str) -> None:
     return None
 
 
+def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
+    """Open the run's folder and ledger: manifest, run_start event, no crash armed."""
+    folder.start(spec, endpoints)
+    ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
+    write_arms(folder.path, [])
+
+
+def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> db.Engine:
+    """Give the run a clean stack: its schema applied, every table empty, no toxic left."""
+    engine = db.engine(endpoints.postgres_url)
+    db.apply_schema(engine, spec.schema)
+    db.truncate_all(engine)
+    ToxiproxyAdmin(endpoints.toxiproxy_api).reset()
+    folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+    return engine
+
+
 class RunSession:
     """One run, driven step by step.
 
@@ -94,15 +111,9 @@ class RunSession:
         """Reset the stack's state for this run and start the sink and the workers."""
         spec, ep, folder = self.spec, self.endpoints, self.folder
         self._started = time.monotonic()
-        folder.start(spec, ep)
-        self.ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
-        write_arms(folder.path, [])
+        begin_run(spec, ep, folder, self.ledger)
         try:
-            self._engine = db.engine(ep.postgres_url)
-            db.apply_schema(self._engine, spec.schema)
-            db.truncate_all(self._engine)
-            ToxiproxyAdmin(ep.toxiproxy_api).reset()
-            folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+            self._engine = reset_state(spec, ep, folder)
             output = self.output_queue if spec.contract.expects_downstream else None
             self._sink = Sink(ep.stomp, self.ledger, input_queues=self.stage_queues, output_queue=output)
             self._sink.start()
