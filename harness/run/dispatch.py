@@ -22,6 +22,10 @@ def run_spec(
         from harness.run.kafka_runner import run_kafka_scenario
 
         return run_kafka_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
+    if spec.broker == "kafka_saga":
+        from harness.run.saga_runner import run_saga_scenario
+
+        return run_saga_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
     if spec.broker == "dtm":
         from harness.run.dtm_runner import run_dtm_scenario
 

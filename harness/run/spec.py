@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 
 from harness.errors import ConfigError
+from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
+from harness.patterns.saga_options import SagaOptions
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
@@ -154,7 +156,9 @@ class ScenarioSpec:
     points: tuple[str, ...] = ()
     # The broker the flow runs on: "activemq" (harness.run.runner) or "kafka" (harness.run.kafka_runner,
     # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions) or "dtm"
-    # (harness.run.dtm_runner: a 2-phase message transfer; its crash points are only ``points``).
+    # (harness.run.dtm_runner: a 2-phase message transfer; its crash points are only ``points``) or
+    # "kafka_saga" (harness.run.saga_runner: an orchestrator and two participants, each a Kafka
+    # stage; options include SagaOptions; a crash names its process in ``worker``).
     broker: str = "activemq"
 
     def __post_init__(self) -> None:
@@ -187,17 +191,25 @@ class ScenarioSpec:
                 f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
                 hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
-        if self.broker not in ("activemq", "kafka", "dtm"):
+        if self.broker not in ("activemq", "kafka", "dtm", "kafka_saga"):
             raise ConfigError(
                 f"unknown broker {self.broker!r}",
-                hint="use 'activemq' or 'kafka' (queues, topics), or 'dtm' (2-phase messages)",
+                hint="use 'activemq' or 'kafka' (queues, topics), 'dtm' (2-phase messages) or 'kafka_saga'",
             )
         if self.broker == "dtm" and (self.chain or self.outbox_table or self.poison or self.workers != 1):
             raise ConfigError(
                 "a DTM scenario with chain, outbox_table, poison or several workers",
                 hint="the DTM run has one service and its helpers (the branch): leave those out",
             )
-        kafka = self.broker == "kafka"
+        kafka = self.broker in ("kafka", "kafka_saga")
+        if self.broker == "kafka_saga":
+            SagaOptions.from_options(self.options)
+            for crash in self.crashes:
+                if crash.worker not in SAGA_PROCESSES:
+                    raise ConfigError(
+                        f"saga crash at {crash.point} names process {crash.worker!r}",
+                        hint=f"set Crash(worker=...) to one of {', '.join(SAGA_PROCESSES)}",
+                    )
         if kafka:
             KafkaStageOptions.from_options(self.options)
             if self.chain or self.helpers or self.outbox_table:

@@ -60,7 +60,7 @@ class KafkaContext:
     _record: Callable[..., None]
     _crash: Callable[[str], None]
     _side: Callable[[], Connection]
-    sent: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
+    sent: list[tuple[dict[str, Any], str | None, str | None]] = field(default_factory=list)
     diverted: str | None = None
 
     @property
@@ -80,9 +80,10 @@ class KafkaContext:
         """The worker's autocommit connection, outside the stage transaction."""
         return self._side()
 
-    def send(self, body: dict[str, Any], topic: str | None = None) -> None:
-        """Queue ``body`` for ``topic`` (default: the stage's output topic)."""
-        self.sent.append((body, topic))
+    def send(self, body: dict[str, Any], topic: str | None = None, *, key: str | None = None) -> None:
+        """Queue ``body`` for ``topic`` (default: the stage's output topic), keyed by ``key``
+        (default: this record's operation id; a saga's orchestrator names each request's own)."""
+        self.sent.append((body, topic, key))
 
     def dead_letter(self, reason: str) -> None:
         """Divert this record to the dead-letter topic (after the DB commit) and raise an alert."""
@@ -285,7 +286,8 @@ class KafkaStageWorker:
         return GroupConsumer(
             self.bootstrap,
             self.group,
-            [self.spec.input_queue],
+            # ``also_consume``: further topics of the same member (a saga orchestrator's dead-letter topics).
+            [self.spec.input_queue, *self.spec.options.get("also_consume", ())],
             offset_store="auto" if o.offset_store == "auto" else "manual",
             auto_commit=o.commit == "timer",
             auto_commit_ms=o.auto_commit_ms,
@@ -507,12 +509,13 @@ class KafkaStageWorker:
         assert producer is not None
         if ctx.diverted is not None:
             self._to_dlt(r, op, ctx.diverted)
-        for body, topic in ctx.sent:
+        for body, topic, key in ctx.sent:
             target = topic or self.spec.output_queue
             if target is None:
                 raise HarnessError(f"stage {self.spec.stage} has no output topic", hint="pass topic= to ctx.send")
-            producer.produce(target, json.dumps(body), key=op, headers={"txchaos-op": op})
-            self._emit(Kind.SEND, r, op, topic=target)
+            out = key or op
+            producer.produce(target, json.dumps(body), key=out, headers={"txchaos-op": out})
+            self._emit(Kind.SEND, r, op, topic=target, **({"key": key} if key else {}))
 
     def _to_dlt(self, r: Record, op: str, reason: str) -> None:
         assert self.producer is not None

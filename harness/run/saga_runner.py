@@ -1,0 +1,388 @@
+"""Run one Kafka saga scenario: an orchestrator and two participants as worker processes, a verdict.
+
+``SagaRunSession`` is ``RunSession`` with three Kafka stages in place of one queue: ``open``
+(schema and tables, the run's topics ``<ns>.saga`` (the orchestrator's inbox: starts and
+replies), ``<ns>.payment`` and ``<ns>.seat`` (requests) and their ``-dlt`` topics, the
+``orchestrator``, ``payment`` and ``seat`` processes) -> ``arm`` / ``submit`` / ``hold_fault``
+-> ``close``. Quiescence is every saga in a final state (``completed`` or ``compensated``), or
+no saga moving while the participants have committed all their requests.
+
+How the books close into the ledger (contract: no downstream, no poison rule), so the checker
+names saga anomalies with saga and step ids:
+
+- a saga (``<op>``) in a final state is one ``residue_effect`` (its outcome); one in any other
+  state is ``residue_queue`` (``stuck``); one the orchestrator never started has neither
+  (``lost``);
+- every request the orchestrator sent is a ``submit`` of its step operation (``<op>.pay``,
+  ``<op>.seat``, ``<op>.refund``), and every row of the participants' effect tables a
+  ``residue_effect`` of it: a step applied twice is ``duplicate-effect``; a request still past
+  its participant's committed offset is ``residue_queue``; a request in a ``-dlt`` topic is a
+  ``dead_letter`` (with its effect applied: ``dead-lettered-with-effect``).
+
+Arms, faults, the verdict and healing are ``RunSession``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from harness.clients import db, kafka
+from harness.errors import ConfigError, HarnessError
+from harness.ledger.schema import Kind
+from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
+from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, SEAT, SagaOptions, first_step_of, step_op
+from harness.run.runner import Progress, RunResult, RunSession, begin_run, reset_state
+from harness.run.spec import Crash, ScenarioSpec
+from harness.run.supervisor import WorkerPool
+from harness.stack.base import Endpoints
+from harness.worker.crash import CrashArm
+from harness.worker.kafka_options import KafkaStageOptions
+from harness.worker.spec import WorkerSpec
+
+PARTICIPANT_HANDLERS = {
+    "naive": "harness.patterns.kafka_saga:participant_naive",
+    "unique": "harness.patterns.kafka_saga:participant_unique",
+    "inbox": "harness.patterns.kafka_saga:participant_inbox",
+}
+STALL_S = 1.5  # no saga moved this long, participants caught up: the rest are stuck
+POLL_S = 0.05
+MARKER_GRACE_S = 0.3  # a dead-letter partition read up to one before its end: the end is a marker
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class SagaRunSession(RunSession):
+    """One saga run, driven step by step.
+
+    >>> with SagaRunSession(spec, endpoints) as run:
+    ...     run.arm(Crash("after_db_commit", op_index=2, worker="payment"))
+    ...     run.submit(5)
+    ...     result = run.close()
+    """
+
+    def __init__(
+        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+    ) -> None:
+        if spec.broker != "kafka_saga":
+            raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='kafka_saga' or use RunSession")
+        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
+        self.saga = SagaOptions.from_options(spec.options)
+        self.kopts = KafkaStageOptions.from_options(spec.options)
+        self.bootstrap = endpoints.kafka.address
+        ns = f"txchaos.{self.folder.run_id}"
+        self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
+        self.groups = {p: f"{ns}.{p}" for p in (ORCHESTRATOR, PAYMENT, SEAT)}
+        self.requests = {PAYMENT: self.payment_topic, SEAT: self.seat_topic}
+        self._topics: list[str] = []
+        self._kafka: kafka.OutputProducer | None = None
+        self.refused: set[str] = set()
+        self.flaky: set[str] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> SagaRunSession:
+        """Reset the stack's state for this run, create its topics and start the three processes."""
+        spec, ep, folder = self.spec, self.endpoints, self.folder
+        self._started = time.monotonic()
+        begin_run(spec, ep, folder, self.ledger)
+        try:
+            self._engine = reset_state(spec, ep, folder)
+            base = [self.inbox, self.payment_topic, self.seat_topic]
+            self._topics = [*base, *(kafka.dlt_name(t) for t in base)]
+            kafka.create_topics(self.bootstrap, self._topics, partitions=self.kopts.partitions)
+            folder.step(f"create topics {', '.join(self._topics)} ({self.kopts.partitions} partition(s))")
+            self._kafka = kafka.OutputProducer(self.bootstrap, client_id=f"txchaos-driver-{folder.run_id}")
+            self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
+            self._pool.start()
+            s = self.saga
+            folder.step(
+                f"start orchestrator (dead-letter replies: {s.dlt_replies}), payment and seat "
+                f"(participant {s.participant}, reply {s.reply})"
+            )
+        except BaseException:
+            self._heal()
+            raise
+        return self
+
+    def close(self) -> RunResult:
+        """Wait for quiescence, close the books and return the verdict; heals in any case."""
+        if self._result is not None:
+            return self._result
+        if self._pool is None or self._engine is None:
+            raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
+        try:
+            self._await_quiescence_saga(self._pool, self._engine)
+            self._pool.stop()
+            self._pool = None
+            self._close_books(self._engine)
+        finally:
+            self._heal()
+        self._result = self._verdict()
+        return self._result
+
+    def _heal(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None
+        if self._topics:
+            topics, self._topics = self._topics, []
+            try:
+                if self._pool is not None:
+                    self._pool.stop()
+                    self._pool = None
+                kafka.delete_topics(self.bootstrap, topics)
+            except HarnessError as exc:  # the ledger holds the run; a leftover topic harms nothing
+                self.folder.step(f"could not delete the run's topics: {exc}")
+        super()._heal()
+
+    def __enter__(self) -> SagaRunSession:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None or self._kafka is not None:
+            self._heal()
+
+    # -- acting while the flow runs ------------------------------------------------------------
+    def submit(self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0) -> list[str]:
+        """Start ``count`` sagas; return their ids.
+
+        ``refuse``: the seat participant refuses their seat (a semantic error: compensated).
+        ``fail_times``: their seat request fails that often with a transient error first (more
+        than the participants' ``max_attempts``: it is dead-lettered). Without either, the
+        spec's ``refuse_seat`` / ``flaky_seat`` numbers say.
+        """
+        if poison:
+            raise ConfigError("a saga start has no poison form", hint="submit(refuse=True) or fail_times=")
+        if self._kafka is None:
+            raise HarnessError("submit() to a run that is not open", hint="call open() first")
+        new = [self.op_id(next(self._numbers)) for _ in range(count)]
+        for op in new:
+            n = len(self.ops)
+            no = refuse or n in self.saga.refuse_seat
+            fails = fail_times or (self.saga.fail_times if n in self.saga.flaky_seat else 0)
+            body = {"type": "start", "op": op, "n": n, "amount": 1 + n % 7, "refuse": "seat" if no else None}
+            body["fail_times"] = fails
+            if no:
+                self.refused.add(op)
+            if fails:
+                self.flaky.add(op)
+            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.inbox, refuse=body["refuse"], fail_times=fails)
+            self._kafka.produce(self.inbox, json.dumps(body), key=op, headers={"txchaos-op": op})
+            self.ops.append(op)
+        self._kafka.flush()
+        self.folder.step(
+            f"start {count} saga(s)"
+            + (", seat refused" if refuse else "")
+            + (f", seat fails {fail_times}x" if fail_times else "")
+        )
+        self.progress(f"started {len(self.ops)} sagas")
+        return new
+
+    def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
+        """Arm ``crash`` in its process; ``op_index`` names a saga, whose step in that process is armed."""
+        if op is None and crash.op_index is not None:
+            saga = self.op_id(crash.op_index)
+            step = first_step_of(crash.worker or ORCHESTRATOR)
+            op = step_op(saga, step) if step else saga
+        return super().arm(crash, op=op)
+
+    def states(self) -> dict[str, str]:
+        """Return saga id -> state, now."""
+        if self._engine is None:
+            raise HarnessError("states() of a run that is not open", hint="call open() first")
+        with self._engine.connect() as conn:
+            return {str(s): str(st) for s, st in conn.execute(text("SELECT saga_id, state FROM sagas"))}
+
+    def duplicate_effects(self) -> list[str]:
+        """Return the step operations applied more than once right now."""
+        if self._engine is None:
+            raise HarnessError("duplicate_effects() of a run that is not open", hint="call open() first")
+        return sorted(
+            {op for t in set(EFFECT_TABLES.values()) for op in db.duplicated_values(self._engine, t, "op_id")}
+        )
+
+    # -- phases --------------------------------------------------------------------------------
+    def _worker_specs(self) -> list[WorkerSpec]:
+        spec, s = self.spec, self.saga
+        endpoints_path = self.folder.path / "endpoints.json"
+        endpoints_path.write_text(self.endpoints.to_json())
+        common = {k: v for k, v in spec.options.items() if k != "commit"}
+
+        def stage(name: str, handler: str, topic: str, output: str | None, **options: object) -> WorkerSpec:
+            return WorkerSpec(
+                name=name,
+                run_dir=str(self.folder.path),
+                endpoints_path=str(endpoints_path),
+                handler=handler,
+                stage=name,
+                input_queue=topic,
+                output_queue=output,
+                options={**common, "group": self.groups[name], **options},
+                kind="kafka",
+            )
+
+        dlts = [kafka.dlt_name(self.payment_topic), kafka.dlt_name(self.seat_topic)] if s.dlt_replies else []
+        participant = PARTICIPANT_HANDLERS[s.participant]
+        return [
+            # The orchestrator commits after its outputs (never in a Kafka transaction): the
+            # request topics then hold no transaction markers and their committed offsets reach
+            # the end offsets.
+            stage(
+                ORCHESTRATOR,
+                spec.handler,
+                self.inbox,
+                None,
+                commit="batch",
+                payment_topic=self.payment_topic,
+                seat_topic=self.seat_topic,
+                also_consume=dlts,
+            ),
+            stage(PAYMENT, participant, self.payment_topic, self.inbox, commit=s.commit),
+            stage(SEAT, participant, self.seat_topic, self.inbox, commit=s.commit),
+        ]
+
+    def caught_up(self) -> bool:
+        """Return True when both participants have committed every request sent to them."""
+        for process, topic in self.requests.items():
+            ends = kafka.end_offsets(self.bootstrap, topic)
+            done = kafka.committed_offsets(self.bootstrap, self.groups[process], topic)
+            if any((done.get(p) or 0) < end for p, end in ends.items()):
+                return False
+        return True
+
+    def wait_final(self, timeout_s: float | None = None) -> dict[str, str]:
+        """Wait until every saga so far is final, or none moved for ``STALL_S`` with the
+        participants caught up, or ``timeout_s``; return the sagas not final and their state."""
+        deadline = time.monotonic() + (self.spec.timeout_s if timeout_s is None else timeout_s)
+        last: dict[str, str] | None = None
+        moved = time.monotonic()
+        while True:
+            states = self.states()
+            pending = {op: states.get(op, "not started") for op in self.ops if not is_final(states.get(op))}
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                return pending
+            if states != last:
+                last, moved = states, now
+            elif now - moved >= STALL_S and (self._pool is None or self._pool.serving()) and self.caught_up():
+                return pending
+            time.sleep(POLL_S)
+
+    def _await_quiescence_saga(self, pool: WorkerPool, engine: db.Engine) -> None:
+        deadline = time.monotonic() + self.spec.timeout_s
+        pending = self.wait_final()
+        # A participant killed after its reply and before its offset commit gets the request
+        # back once restarted: let that redelivery happen before the books close.
+        pool.wait_serving(deadline)
+        while time.monotonic() < deadline and not self.caught_up():
+            time.sleep(0.1)
+        time.sleep(self.spec.settle_s)
+        final = len(self.ops) - len(pending)
+        self.folder.step(f"quiescence after {final}/{len(self.ops)} sagas final; {pool.restarts} restart(s)")
+        if pending:
+            self.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
+
+    def _close_books(self, engine: db.Engine) -> None:
+        states = self.states()
+        for op in self.ops:
+            state = states.get(op)
+            if is_final(state):
+                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest="sagas", state=state)
+            elif state is not None:
+                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op, dest="sagas", state=state)
+        for table in sorted(set(EFFECT_TABLES.values())):
+            for op in db.column_values(engine, table, "op_id"):
+                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
+        for process, topic in self.requests.items():
+            ends = kafka.end_offsets(self.bootstrap, topic)
+            records = kafka.read_range(self.bootstrap, topic, {}, ends)
+            seen: set[str] = set()
+            for rec in records:
+                if rec.key and rec.key not in seen:
+                    seen.add(rec.key)
+                    self.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
+            committed = kafka.committed_offsets(self.bootstrap, self.groups[process], topic)
+            for rec in records:
+                if rec.offset >= (committed.get(rec.partition) or 0):
+                    self.ledger.emit(
+                        Kind.RESIDUE_QUEUE,
+                        op=rec.key,
+                        msg=rec.coord,
+                        dest=topic,
+                        partition=rec.partition,
+                        offset=rec.offset,
+                    )
+            for rec in _read_visible(self.bootstrap, kafka.dlt_name(topic)):
+                self.ledger.emit(
+                    Kind.DEAD_LETTER,
+                    op=rec.key,
+                    msg=rec.coord,
+                    dest=rec.topic,
+                    partition=rec.partition,
+                    offset=rec.offset,
+                    error=rec.headers.get("txchaos-error", ""),
+                )
+        self.folder.step("close the books: saga states, effect tables, requests, dead-letter topics")
+
+
+def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[kafka.Record]:
+    """Return the committed records of ``topic`` (read_committed: an aborted dead letter is no record).
+
+    A transaction's commit marker takes an offset too, so the end offset may be one past the
+    last record: a partition is read once its last offset came, or ``MARKER_GRACE_S`` after the
+    one before it (the last is then a marker), or at the timeout (only aborted records).
+    """
+    ends = {p: e for p, e in kafka.end_offsets(bootstrap, topic).items() if e > 0}
+    if not ends:
+        return []
+    reader = kafka.TopicReader(bootstrap, [topic], client_id="txchaos-saga-books")
+    out: list[kafka.Record] = []
+    near: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            for rec in reader.poll(500, 0.1):
+                out.append(rec)
+                end = ends.get(rec.partition, 0)
+                if rec.offset >= end - 1:
+                    ends.pop(rec.partition, None)
+                elif rec.offset == end - 2:
+                    near[rec.partition] = time.monotonic()
+            for p, since in list(near.items()):
+                if time.monotonic() - since >= MARKER_GRACE_S:
+                    ends.pop(p, None)
+                    del near[p]
+    finally:
+        reader.close()
+    return out
+
+
+def run_saga_scenario(
+    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+) -> RunResult:
+    """Run ``spec`` (``broker="kafka_saga"``) against ``endpoints`` and return the result.
+
+    Sagas start one at a time when a crash names one (the flow quiet before and after it: the
+    scenario's expectation is about that saga), otherwise all at once.
+    """
+    alone = {c.op_index for c in spec.crashes if c.op_index is not None}
+    with SagaRunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
+        for crash in spec.crashes:
+            run.arm(crash)
+        for window in sorted(spec.faults, key=lambda w: w.after_ops):
+            while len(run.ops) < window.after_ops:
+                run.submit(1)
+            run.hold_fault(window)
+        while len(run.ops) < spec.messages:
+            if len(run.ops) in alone:
+                run.wait_final()
+                run.submit(1)
+                run.wait_final()
+            else:
+                run.submit(1)
+        return run.close()
