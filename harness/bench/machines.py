@@ -23,7 +23,8 @@ from rich.console import Console
 
 from harness.bench.report import table, write_section
 from harness.machines.profiles import profile
-from harness.machines.stage import StageMachine, stage_machine
+from harness.machines.saga import saga_machine
+from harness.machines.stage import stage_machine
 from harness.patterns import bank, outbox, send_money
 from harness.run.spec import Helper, ScenarioSpec, Stage
 from harness.stack.base import Endpoints
@@ -42,6 +43,8 @@ class Target:
     fixed: ScenarioSpec
     anomaly: str
     attrs: dict[str, Any] = field(default_factory=dict)
+    # Binds a spec to its state machine class: the stage machine, or a pattern's own (the saga's).
+    machine: Callable[..., Any] = stage_machine
 
 
 def _onepc(variant: str, handler: str) -> ScenarioSpec:
@@ -114,6 +117,23 @@ def _kafka(variant: str, handler: str) -> ScenarioSpec:
     )
 
 
+def _saga(variant: str, **saga: object) -> ScenarioSpec:
+    # One record per poll and static membership: a crash redelivers one request, and the
+    # restarted stage takes its partition back at once.
+    options = {"batch_size": 1, "partitions": 1, "static_membership": True, "max_attempts": 3, "backoff_ms": 50}
+    return ScenarioSpec(
+        name="kafka_saga_machine",
+        variant=variant,
+        broker="kafka_saga",
+        handler="harness.patterns.kafka_saga:orchestrator",
+        schema="kafka_saga",
+        effect_table="saga_payments",
+        options={**options, **saga},
+        timeout_s=30.0,
+        contract=FlowContract(expects_downstream=False, max_deliveries=None),
+    )
+
+
 TARGETS: dict[str, Callable[[], Target]] = {
     "onepc": lambda: Target(
         "1PC stage", _onepc("naive", "naive"), _onepc("cts", "check_then_skip"), "duplicate-effect"
@@ -142,11 +162,18 @@ TARGETS: dict[str, Callable[[], Target]] = {
     "kafka": lambda: Target(
         "Kafka at-least-once consumer", _kafka("naive", "naive"), _kafka("inbox", "inbox_offset"), "duplicate-effect"
     ),
+    "saga": lambda: Target(
+        "Kafka saga",
+        _saga("naive", participant="naive", reply="after_commit"),
+        _saga("fixed"),
+        "duplicate-effect",
+        machine=saga_machine,
+    ),
 }
 
 
 def _search(target: Target, endpoints: Endpoints, cap: int) -> dict[str, Any]:
-    machine: type[StageMachine] = stage_machine(target.bad, endpoints, **target.attrs)
+    machine = target.machine(target.bad, endpoints, **target.attrs)
     started = time.monotonic()
     found_error = ""
     try:
@@ -166,7 +193,7 @@ def _search(target: Target, endpoints: Endpoints, cap: int) -> dict[str, Any]:
 
 
 def _throughput(target: Target, endpoints: Endpoints, examples: int) -> dict[str, Any]:
-    machine = stage_machine(target.fixed, endpoints, **target.attrs)
+    machine = target.machine(target.fixed, endpoints, **target.attrs)
     started = time.monotonic()
     error = ""
     try:
