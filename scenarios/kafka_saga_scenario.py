@@ -19,6 +19,10 @@ dead-letter the request to ``<topic>-dlt``. Which saga is hit is chosen from the
   outside the Kafka transaction -> still ``duplicate-effect`` on ``<saga>.pay``
 - ``fixed``: inbox participants replying in a Kafka transaction with the offset
   (``send_offsets_to_transaction``, ``read_committed``), the same crash -> clean, paid once
+- ``orchestrator-crash``: the orchestrator killed after committing a saga's start, before its
+  payment request is produced: the start comes back, its inbox sends the request again -> clean
+- ``orchestrator-naive``: the same without the orchestrator's inbox: the start comes back, finds
+  its saga started and is skipped; the payment request is never sent -> ``stuck`` on the saga
 - ``dlt``: one saga's seat request fails on every attempt: retried with backoff, dead-lettered;
   the orchestrator reads the dead-letter topic as a failed step and compensates -> clean
 - ``dlt-unwatched``: the same without the orchestrator reading dead-letter topics -> ``stuck``
@@ -58,6 +62,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
     n = hit(seed)
     crash = (Crash("after_db_commit", op_index=n, worker="payment"),)
+    orchestrator_crash = (Crash("after_db_commit", op_index=n, worker="orchestrator"),)
 
     def spec(variant: str, expect: set[str], crashes: tuple[Crash, ...] = (), **saga: object) -> ScenarioSpec:
         return ScenarioSpec(
@@ -98,6 +103,8 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         ),
         "txn-only": spec("txn-only", {"duplicate-effect"}, crash, participant="naive", reply="transaction"),
         "fixed": spec("fixed", set(), crash),
+        "orchestrator-crash": spec("orchestrator-crash", set(), orchestrator_crash),
+        "orchestrator-naive": spec("orchestrator-naive", {"stuck"}, orchestrator_crash, resend=False),
         "dlt": spec("dlt", set(), flaky_seat=[n]),
         "dlt-unwatched": spec("dlt-unwatched", {"stuck"}, flaky_seat=[n], dlt_replies=False),
     }
@@ -116,9 +123,16 @@ NAMED = {
     "naive-unique": {"stuck": "", "dead-lettered-with-effect": ".pay"},
     "txn-only": {"duplicate-effect": ".pay"},
     "dlt-unwatched": {"stuck": ""},
+    "orchestrator-naive": {"stuck": ""},
 }
 # variant -> the hit saga's final state
-FINAL = {"happy": "completed", "refused": "compensated", "fixed": "completed", "dlt": "compensated"}
+FINAL = {
+    "happy": "completed",
+    "refused": "compensated",
+    "fixed": "completed",
+    "orchestrator-crash": "completed",
+    "dlt": "compensated",
+}
 
 
 @pytest.mark.integration
@@ -158,6 +172,12 @@ def test_saga(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def
         assert gaps[1] >= 2 * BACKOFF_MS, gaps
         if variant == "dlt":  # compensated: the payment refunded once, no seat
             assert (effects[f"{saga}.refund"], effects[f"{saga}.seat"]) == (1, 0), effects
+    if variant.startswith("orchestrator-"):  # its start came back; only the inbox sends the request again
+        start = [r for r in rows if r["src"] == "orchestrator" and r["op"] == saga and r["kind"] == "skip"]
+        assert len(start) == 1
+        resent = json.loads(start[0]["detail"]).get("resend")
+        assert resent is (True if variant == "orchestrator-crash" else None), start
+        assert effects[f"{saga}.pay"] == (1 if variant == "orchestrator-crash" else 0), effects
     if variant == "fixed":  # the crash did make Kafka deliver the request again; the inbox skipped it
         payment = [r for r in rows if r["src"] == "payment" and r["op"] == f"{saga}.pay"]
         assert [r["kind"] for r in payment].count("deliver") == 2

@@ -9,6 +9,8 @@ Three Kafka stages (``harness.worker.kafka_stage``), each a worker process:
   fit the saga's state (a participant's duplicate) is skipped. Each record it handles is kept in
   ``saga_inbox`` with the request it decided to send: the same record delivered again (the
   orchestrator died after its DB commit, before the request went out) re-sends that request.
+  Without it (``resend=False``) that record finds its saga moved on, is skipped, and the
+  saga waits for a reply to a request never sent (``stuck``).
 - ``payment`` (steps ``pay`` and ``refund``) and ``seat`` (step ``seat``) consume their request
   topic, write the step's effect and decision in one Postgres transaction and reply on the
   orchestrator's inbox. A refusal (``refuse`` in the request) is a semantic error reply,
@@ -116,6 +118,11 @@ def _decide(ctx: KafkaContext) -> dict[str, Any] | None:
 
 def orchestrator(ctx: KafkaContext) -> None:
     """Move a saga on by one record (a start or a reply); send the request that follows."""
+    if not ctx.options.get("resend", True):  # the naive orchestrator: no record of what it sent
+        req = _decide(ctx)
+        if req is not None:
+            ctx.send(req["body"], req["topic"], key=req["key"])
+        return
     coords = {"t": ctx.topic, "p": ctx.partition, "o": ctx.offset}
     fresh = ctx.db.execute(
         text(

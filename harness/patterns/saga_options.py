@@ -48,6 +48,9 @@ class SagaOptions:
     they reply (``REPLIES``). ``dlt_replies``: the orchestrator also reads the participants'
     dead-letter topics and takes a dead-lettered request as a failed step (the recovery
     callback of the seed), compensating; without it a dead-lettered step leaves its saga waiting.
+    ``resend``: the orchestrator keeps each handled record with the request it sent and, when
+    the same record comes back (it died after its DB commit, before the request went out),
+    sends it again; without it the redelivered record finds its saga moved on and is skipped.
     ``refuse_seat``: saga numbers whose seat the seat participant refuses (a semantic error).
     ``flaky_seat``: saga numbers whose seat request fails ``fail_times`` times with a transient
     error before it succeeds (more than ``max_attempts``: it is dead-lettered).
@@ -56,6 +59,7 @@ class SagaOptions:
     participant: str = "inbox"
     reply: str = "transaction"
     dlt_replies: bool = True
+    resend: bool = True
     refuse_seat: tuple[int, ...] = ()
     flaky_seat: tuple[int, ...] = ()
     fail_times: int = 99
@@ -65,8 +69,9 @@ class SagaOptions:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"saga option {name}={value!r}", hint=f"use one of {', '.join(allowed)}")
-        if not isinstance(self.dlt_replies, bool):
-            raise ConfigError(f"saga option dlt_replies={self.dlt_replies!r}", hint="use True or False")
+        for name in ("dlt_replies", "resend"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"saga option {name}={getattr(self, name)!r}", hint="use True or False")
         for name in ("refuse_seat", "flaky_seat"):
             numbers = getattr(self, name)
             if not all(isinstance(n, int) and n >= 0 for n in numbers):

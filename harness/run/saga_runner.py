@@ -101,7 +101,7 @@ class SagaRunSession(RunSession):
             self._pool.start()
             s = self.saga
             folder.step(
-                f"start orchestrator (dead-letter replies: {s.dlt_replies}), payment and seat "
+                f"start orchestrator (dead-letter replies: {s.dlt_replies}, re-send: {s.resend}), payment and seat "
                 f"(participant {s.participant}, reply {s.reply})"
             )
         except BaseException:
@@ -241,6 +241,7 @@ class SagaRunSession(RunSession):
                 payment_topic=self.payment_topic,
                 seat_topic=self.seat_topic,
                 also_consume=dlts,
+                resend=s.resend,
             ),
             stage(PAYMENT, participant, self.payment_topic, self.inbox, commit=s.commit),
             stage(SEAT, participant, self.seat_topic, self.inbox, commit=s.commit),

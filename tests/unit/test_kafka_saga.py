@@ -34,7 +34,7 @@ def test_options_default_to_the_fixed_saga() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"participant": "careful"}, {"reply": "later"}, {"dlt_replies": "yes"}, {"flaky_seat": [-1]}]
+    "bad", [{"participant": "careful"}, {"reply": "later"}, {"dlt_replies": "yes"}, {"resend": 1}, {"flaky_seat": [-1]}]
 )
 def test_bad_options_are_refused_with_a_hint(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError) as info:
