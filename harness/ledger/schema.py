@@ -27,7 +27,15 @@ column ``op_bucket`` (see ``layout.py``), so engines group by operation without 
 
 Version 2 (this one) adds the kinds ``prepare`` and ``abort_prepared`` (2-phase messages) and the
 bucketed compacted layout; version-1 segments read unchanged. Later additions that need no
-reader change: the kinds ``forced_redelivery``, ``alert``, ``residue_outbox`` and ``rebalance``.
+reader change: the kinds ``forced_redelivery``, ``alert``, ``residue_outbox`` and ``rebalance``,
+and the per-key view of entity events (CQRS replicas), all of it in ``detail``:
+
+- ``submit`` of an entity event: ``key`` (aggregate id), ``version`` (int, rising per key),
+  ``tombstone`` (bool: a delete, a record with a null value).
+- ``residue_apply``: one row of the replica's apply journal, every apply it committed, in commit
+  order: ``op`` the event applied, ``key``, ``version``, ``tombstone``, ``n`` (journal position).
+- ``residue_entity``: one replica row at quiescence: ``op`` the event that last wrote it, ``key``,
+  ``version``, ``deleted`` (bool: a tombstone marker row, not a live entity).
 """
 
 from __future__ import annotations
@@ -72,10 +80,20 @@ class Kind(StrEnum):
     RESIDUE_EFFECT = "residue_effect"  # one row of the final effect table
     RESIDUE_QUEUE = "residue_queue"  # a message still in the input queue at quiescence
     RESIDUE_OUTBOX = "residue_outbox"  # an outbox row never relayed, at quiescence
+    RESIDUE_APPLY = "residue_apply"  # one row of a replica's apply journal (per-key view)
+    RESIDUE_ENTITY = "residue_entity"  # one replica row at quiescence (per-key view)
 
 
 RESIDUE_KINDS = frozenset(
-    {Kind.DOWNSTREAM, Kind.DEAD_LETTER, Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE, Kind.RESIDUE_OUTBOX}
+    {
+        Kind.DOWNSTREAM,
+        Kind.DEAD_LETTER,
+        Kind.RESIDUE_EFFECT,
+        Kind.RESIDUE_QUEUE,
+        Kind.RESIDUE_OUTBOX,
+        Kind.RESIDUE_APPLY,
+        Kind.RESIDUE_ENTITY,
+    }
 )
 
 ARROW_SCHEMA = pa.schema(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from harness.verify.model import (
     FIRST_TS,
     LATENCY_SCALES,
     LATENCY_TOP_SCALE,
+    PER_KEY_COLUMNS,
     SPAN_EXCLUDED,
     AllOf,
     Cmp,
@@ -84,6 +86,53 @@ def summarize(events: pa.Table) -> pa.Table:
     grouped = pa.table(cols).group_by("op").aggregate([*aggs, ("span_ns", "min"), ("span_ns", "max")])
     rename = {f"{n}_{f}": n for n, f in aggs} | {"span_ns_min": "first_ns", "span_ns_max": "last_ns"}
     return grouped.rename_columns([rename.get(c, c) for c in grouped.column_names])
+
+
+def per_key_counts(events: pa.Table) -> dict[str, dict[str, int]]:
+    """Return op -> ``PER_KEY_COLUMNS`` counts from the ledger's per-key view (see ``model.py``)."""
+    kinds = pa.array([str(Kind.SUBMIT), str(Kind.RESIDUE_APPLY), str(Kind.RESIDUE_ENTITY)])
+    rows = events.filter(pc.is_in(events["kind"], value_set=kinds)).select(["kind", "op", "detail"]).to_pylist()
+    out: dict[str, dict[str, int]] = {}
+
+    def bump(op: str, col: str) -> None:
+        out.setdefault(op, dict.fromkeys(PER_KEY_COLUMNS, 0))[col] += 1
+
+    last: dict[str, tuple[int, bool]] = {}  # key -> (highest submitted version, is it a tombstone)
+    applies: list[tuple[str, int, str, int, bool]] = []
+    entities: list[tuple[str, str, bool]] = []
+    for r in rows:
+        d = json.loads(r["detail"] or "{}")
+        if "key" not in d or r["op"] is None:
+            continue
+        key, op = str(d["key"]), str(r["op"])
+        if r["kind"] == Kind.SUBMIT:
+            last[key] = max(last.get(key, (-(2**62), False)), (int(d["version"]), bool(d["tombstone"])))
+        elif r["kind"] == Kind.RESIDUE_APPLY:
+            applies.append((key, int(d["n"]), op, int(d["version"]), bool(d["tombstone"])))
+        else:
+            entities.append((key, op, bool(d["deleted"])))
+    seen: dict[str, int] = {}  # key -> highest version applied so far
+    tomb: dict[str, int] = {}  # key -> highest tombstone version applied so far
+    for key, _n, op, version, tombstone in sorted(applies):
+        if key in seen and version < seen[key]:
+            bump(op, "regressions")
+        if not tombstone and key in tomb and version < tomb[key]:
+            bump(op, "resurrections")
+        seen[key] = max(seen.get(key, version), version)
+        if tombstone:
+            tomb[key] = max(tomb.get(key, version), version)
+    for key, op, deleted in entities:
+        if not deleted and last.get(key, (0, False))[1]:
+            bump(op, "resurrections")
+    return out
+
+
+def _with_per_key(summary: pa.Table, events: pa.Table) -> pa.Table:
+    counts = per_key_counts(events)
+    ops = summary["op"].to_pylist()
+    for col in PER_KEY_COLUMNS:
+        summary = summary.append_column(col, pa.array([counts.get(o, {}).get(col, 0) for o in ops], pa.int64()))
+    return summary
 
 
 def _np(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> I64:
@@ -181,6 +230,8 @@ def check_table(events: pa.Table, contract: FlowContract, *, scenario: str = "",
     started = time.perf_counter()
     windows, unmatched = pair_fault_windows(_fault_rows(events))
     summary = summarize(events)
+    if contract.per_key:
+        summary = _with_per_key(summary, events)
     hits = {cls: summary.filter(to_arrow(pred)) for cls, pred in rules(contract).items()}
     flagged: list[dict[str, Any]] = []
     for cls in ANOMALY_CLASSES:

@@ -74,8 +74,20 @@ ANOMALY_CLASSES: tuple[str, ...] = (
     "out-of-order",
 )
 
-# Classes that need a per-key view (entity key, version) the ledger does not carry yet; no rule.
-UNRULED_CLASSES: frozenset[str] = frozenset({"resurrected", "out-of-order"})
+# Classes without a rule (every class has one now; kept for readers that list them).
+UNRULED_CLASSES: frozenset[str] = frozenset()
+
+# Per-key summary columns (only for a contract with ``per_key``): per operation, how many of its
+# per-key facts break the order of its aggregate. Both engines derive them from the ledger's
+# per-key view (``ledger/schema.py``: ``submit``, ``residue_apply``, ``residue_entity`` details):
+#
+# - ``regressions``: apply journal rows of the op whose version is below the highest version the
+#   replica had already applied for that key (an older event applied after a newer one).
+# - ``resurrections``: apply journal rows of the op that are not tombstones and whose version is
+#   below a tombstone already applied for that key (re-created by an older event after its
+#   delete), plus replica rows at quiescence last written by the op that are live although the
+#   key's highest submitted version is a tombstone (deleted at the source, alive in the replica).
+PER_KEY_COLUMNS: tuple[str, ...] = ("resurrections", "regressions")
 
 CmpOp = Literal["==", "!=", ">", ">=", "<", "<="]
 
@@ -120,12 +132,15 @@ class FlowContract:
     poison message the flow redelivers forever; None switches the rule off.
     ``min_external_calls``: the operation's real effect is an external call (a transfer): an
     operation that was not parked (DLQ, queue) and made fewer calls is lost, whatever it booked.
+    ``per_key``: operations are entity events keyed by aggregate id, and the replica promises
+    per-key order: the ``resurrected`` and ``out-of-order`` rules apply (``PER_KEY_COLUMNS``).
     """
 
     expects_downstream: bool = True
     max_external_calls: int = 1
     min_external_calls: int = 0
     max_deliveries: int | None = 10
+    per_key: bool = False
 
 
 def rules(contract: FlowContract) -> dict[str, Pred]:
@@ -154,6 +169,9 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
             Cmp("deliveries", ">", contract.max_deliveries), Cmp("dead_letters", "==", 0), Cmp("effects", "==", 0)
         )
     out["in-doubt"] = all_of(Cmp("prepared", ">", 0), Cmp("submitted", "==", 0), Cmp("aborted", "==", 0))
+    if contract.per_key:
+        out["resurrected"] = Cmp("resurrections", ">", 0)
+        out["out-of-order"] = Cmp("regressions", ">", 0)
     return out
 
 

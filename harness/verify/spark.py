@@ -41,6 +41,7 @@ from harness.verify.model import (
     FIRST_TS,
     LATENCY_SCALES,
     LATENCY_TOP_SCALE,
+    PER_KEY_COLUMNS,
     SPAN_EXCLUDED,
     AllOf,
     Cmp,
@@ -120,6 +121,44 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, list[
     return spark.table(name), ["op_bucket", "op"], name
 
 
+def per_key_counts(events: DataFrame) -> DataFrame:
+    """Return (op, ``PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``)."""
+    d, kind = F.col("detail"), F.col("kind")
+    key = F.get_json_object(d, "$.key").alias("k")
+    ver = F.get_json_object(d, "$.version").cast("long").alias("v")
+    flag = {name: F.get_json_object(d, f"$.{name}") == "true" for name in ("tombstone", "deleted")}
+    has_key = F.col("op").isNotNull() & F.get_json_object(d, "$.key").isNotNull()
+    applies = events.where((kind == str(Kind.RESIDUE_APPLY)) & has_key).select(
+        "op", key, ver, flag["tombstone"].alias("t"), F.get_json_object(d, "$.n").cast("long").alias("n")
+    )
+    before = Window.partitionBy("k").orderBy("n", "op").rowsBetween(Window.unboundedPreceding, -1)
+    applies = applies.withColumn("prev", F.max("v").over(before)).withColumn(
+        "prev_tomb", F.max(F.when(F.col("t"), F.col("v"))).over(before)
+    )
+    regressions = applies.where(F.col("v") < F.col("prev")).select("op", F.lit("regressions").alias("col"))
+    recreated = applies.where(~F.col("t") & (F.col("v") < F.col("prev_tomb"))).select(
+        "op", F.lit("resurrections").alias("col")
+    )
+    last = (
+        events.where((kind == str(Kind.SUBMIT)) & has_key)
+        .select(key, F.struct(ver, flag["tombstone"].alias("t")).alias("s"))
+        .groupBy("k")
+        .agg(F.max("s").alias("s"))
+        .where(F.col("s.t"))
+        .select("k")
+    )
+    alive = (
+        events.where((kind == str(Kind.RESIDUE_ENTITY)) & has_key & ~flag["deleted"])
+        .select("op", key)
+        .join(last, "k")
+        .select("op", F.lit("resurrections").alias("col"))
+    )
+    facts = regressions.unionByName(recreated).unionByName(alive)
+    return facts.groupBy("op").agg(
+        *[F.sum(F.when(F.col("col") == c, 1).otherwise(0)).cast("long").alias(c) for c in PER_KEY_COLUMNS]
+    )
+
+
 def summarize(events: DataFrame, keys: list[str], contract: FlowContract) -> tuple[DataFrame, dict[str, str]]:
     """Return the operation summary with one 0/1 flag column per ruled class, and class -> flag column."""
     kind, ts = F.col("kind"), F.col("ts_ns")
@@ -133,6 +172,8 @@ def summarize(events: DataFrame, keys: list[str], contract: FlowContract) -> tup
     aggs += [F.min(F.when(kind == str(k), ts)).alias(n) for n, k in FIRST_TS.items()]
     aggs += [F.min(F.when(in_span, ts)).alias("first_ns"), F.max(F.when(in_span, ts)).alias("last_ns")]
     summary = events.where(F.col("op").isNotNull()).groupBy(*keys).agg(*aggs)
+    if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
+        summary = summary.join(per_key_counts(events), "op", "left").fillna(0, subset=list(PER_KEY_COLUMNS))
     flags = {cls: f"f{ANOMALY_CLASSES.index(cls)}" for cls in rules(contract)}
     for cls, pred in rules(contract).items():
         summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
