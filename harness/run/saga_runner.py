@@ -50,6 +50,7 @@ PARTICIPANT_HANDLERS = {
 }
 STALL_S = 1.5  # no saga moved this long, participants caught up: the rest are stuck
 POLL_S = 0.05
+IDLE_READ_S = 1.0  # how long a probe waits for a record the orchestrator has still to handle
 MARKER_GRACE_S = 0.3  # a dead-letter partition read up to one before its end: the end is a marker
 
 
@@ -256,9 +257,37 @@ class SagaRunSession(RunSession):
                 return False
         return True
 
+    def orchestrator_idle(self) -> bool:
+        """Return True when no record the orchestrator must still handle is visible to it.
+
+        Its inbox gets the participants' transactional replies, whose commit markers take
+        offsets: a committed offset below the end offset may mean a marker, not a record. So
+        past the committed offsets it reads what a read_committed consumer would get next.
+        """
+        topics = [self.inbox]
+        if self.saga.dlt_replies:
+            topics += [kafka.dlt_name(self.payment_topic), kafka.dlt_name(self.seat_topic)]
+        group = self.groups[ORCHESTRATOR]
+        start: dict[kafka.TP, int] = {}
+        for topic in topics:
+            ends = kafka.end_offsets(self.bootstrap, topic)
+            done = kafka.committed_offsets(self.bootstrap, group, topic)
+            start |= {(topic, p): done.get(p) or 0 for p, end in ends.items() if (done.get(p) or 0) < end}
+        if not start:
+            return True
+        reader = kafka.TopicReader(self.bootstrap, sorted({t for t, _ in start}), start=start, client_id="txchaos-idle")
+        try:
+            deadline = time.monotonic() + IDLE_READ_S
+            while time.monotonic() < deadline:
+                if any(r.tp in start and r.offset >= start[r.tp] for r in reader.poll(50, 0.1)):
+                    return False
+        finally:
+            reader.close()
+        return True
+
     def wait_final(self, timeout_s: float | None = None) -> dict[str, str]:
-        """Wait until every saga so far is final, or none moved for ``STALL_S`` with the
-        participants caught up, or ``timeout_s``; return the sagas not final and their state."""
+        """Wait until every saga so far is final, or none moved for ``STALL_S`` with every
+        process caught up, or ``timeout_s``; return the sagas not final and their state."""
         deadline = time.monotonic() + (self.spec.timeout_s if timeout_s is None else timeout_s)
         last: dict[str, str] | None = None
         moved = time.monotonic()
@@ -270,7 +299,12 @@ class SagaRunSession(RunSession):
                 return pending
             if states != last:
                 last, moved = states, now
-            elif now - moved >= STALL_S and (self._pool is None or self._pool.serving()) and self.caught_up():
+            elif (
+                now - moved >= STALL_S
+                and (self._pool is None or self._pool.serving())
+                and self.caught_up()
+                and self.orchestrator_idle()
+            ):
                 return pending
             time.sleep(POLL_S)
 
