@@ -417,9 +417,9 @@ class OutputProducer:
             self._errors.append(str(err))
 
     def produce(
-        self, topic: str, value: bytes | str, *, key: str | None = None, headers: dict[str, str] | None = None
+        self, topic: str, value: bytes | str | None, *, key: str | None = None, headers: dict[str, str] | None = None
     ) -> None:
-        """Queue one record; ``flush`` (or a transaction commit) makes it durable."""
+        """Queue one record (``value=None``: a tombstone); ``flush`` (or a transaction commit) makes it durable."""
         hdrs: dict[str, str | bytes | None] | None = dict(headers) if headers else None
         for attempt in range(2):
             try:

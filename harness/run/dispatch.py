@@ -1,4 +1,5 @@
-"""Run a scenario with the run lifecycle of the broker its spec names: ActiveMQ, Kafka or DTM."""
+"""Run a scenario with the run lifecycle of the broker its spec names: ActiveMQ, Kafka (a stage, a saga,
+CQRS entity events) or DTM."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def run_spec(
         from harness.run.saga_runner import run_saga_scenario
 
         return run_saga_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
+    if spec.broker == "kafka_cqrs":
+        from harness.run.cqrs_runner import run_cqrs_scenario
+
+        return run_cqrs_scenario(spec, endpoints, runs_root=runs_root, progress=progress)
     if spec.broker == "dtm":
         from harness.run.dtm_runner import run_dtm_scenario
 

@@ -60,7 +60,7 @@ class KafkaRunSession:
     def __init__(
         self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
     ) -> None:
-        if spec.broker != "kafka":
+        if spec.broker not in ("kafka", "kafka_cqrs"):
             raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='kafka' or use RunSession")
         self.spec = spec
         self.opts = KafkaStageOptions.from_options(spec.options)
@@ -314,7 +314,7 @@ class KafkaRunSession:
         for rec in kafka.read_range(self.bootstrap, self.input_topic, start, ends):
             self.ledger.emit(
                 Kind.RESIDUE_QUEUE,
-                op=rec.key,
+                op=rec.headers.get("txchaos-op") or rec.key,
                 msg=rec.coord,
                 dest=rec.topic,
                 partition=rec.partition,
@@ -342,14 +342,20 @@ class KafkaRunSession:
 
 
 def run_kafka_scenario(
-    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+    spec: ScenarioSpec,
+    endpoints: Endpoints,
+    *,
+    runs_root: Path | None = None,
+    progress: Progress = _quiet,
+    session: type[KafkaRunSession] = KafkaRunSession,
 ) -> RunResult:
     """Run ``spec`` (``broker="kafka"``) against ``endpoints`` and return the result.
 
     The operations before the first fault window are submitted before the workers join (a
     backlog, so the batches are the same on every run of the seed); the rest as the faults say.
+    ``session``: a ``KafkaRunSession`` subclass that submits its own records (CQRS entity events).
     """
-    run = KafkaRunSession(spec, endpoints, runs_root=runs_root, progress=progress).open(start_workers=False)
+    run = session(spec, endpoints, runs_root=runs_root, progress=progress).open(start_workers=False)
     try:
         for crash in spec.crashes:
             run.arm(crash)

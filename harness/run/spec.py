@@ -158,7 +158,8 @@ class ScenarioSpec:
     # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions) or "dtm"
     # (harness.run.dtm_runner: a 2-phase message transfer; its crash points are only ``points``) or
     # "kafka_saga" (harness.run.saga_runner: an orchestrator and two participants, each a Kafka
-    # stage; options include SagaOptions; a crash names its process in ``worker``).
+    # stage; options include SagaOptions; a crash names its process in ``worker``) or "kafka_cqrs"
+    # (harness.run.cqrs_runner: entity events keyed by aggregate id into one Kafka replica stage).
     broker: str = "activemq"
 
     def __post_init__(self) -> None:
@@ -191,17 +192,18 @@ class ScenarioSpec:
                 f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
                 hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
-        if self.broker not in ("activemq", "kafka", "dtm", "kafka_saga"):
+        if self.broker not in ("activemq", "kafka", "dtm", "kafka_saga", "kafka_cqrs"):
             raise ConfigError(
                 f"unknown broker {self.broker!r}",
-                hint="use 'activemq' or 'kafka' (queues, topics), 'dtm' (2-phase messages) or 'kafka_saga'",
+                hint="use 'activemq' or 'kafka' (queues, topics), 'dtm' (2-phase messages), 'kafka_saga' or "
+                "'kafka_cqrs' (entity events)",
             )
         if self.broker == "dtm" and (self.chain or self.outbox_table or self.poison or self.workers != 1):
             raise ConfigError(
                 "a DTM scenario with chain, outbox_table, poison or several workers",
                 hint="the DTM run has one service and its helpers (the branch): leave those out",
             )
-        kafka = self.broker in ("kafka", "kafka_saga")
+        kafka = self.broker in ("kafka", "kafka_saga", "kafka_cqrs")
         if self.broker == "kafka_saga":
             SagaOptions.from_options(self.options)
             for crash in self.crashes:

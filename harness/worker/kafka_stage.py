@@ -137,7 +137,12 @@ def _per_record(handler: KafkaHandler) -> BatchHandler:
 
 
 def op_of(record: Record) -> str:
-    """Return the operation id of a record: its key, else the body's ``op``."""
+    """Return the operation id of a record: its ``txchaos-op`` header, its key, else the body's ``op``.
+
+    The header comes first: an entity event is keyed by its aggregate id, not by its event id.
+    """
+    if record.headers.get("txchaos-op"):
+        return record.headers["txchaos-op"]
     if record.key:
         return record.key
     try:
@@ -370,7 +375,7 @@ class KafkaStageWorker:
 
     # -- one record, one batch -----------------------------------------------------------------
     def _context(self, conn: Connection, r: Record, op: str) -> KafkaContext:
-        body: dict[str, Any] = json.loads(r.value)
+        body: dict[str, Any] = json.loads(r.value) if r.value else {}  # no value: a tombstone
         return KafkaContext(
             op,
             body,

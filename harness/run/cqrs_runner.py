@@ -1,0 +1,103 @@
+"""Run one CQRS scenario: entity events keyed by aggregate id into a Kafka replica, a per-key verdict.
+
+``CqrsRunSession`` is ``KafkaRunSession`` with entity events for operations: operation ``n`` is
+``entity_event(n)`` (create, update, delete per entity), keyed by its aggregate id, its event id
+in the ``txchaos-op`` header and its version in ``txchaos-version``; a delete is a tombstone (a
+null value). The SUBMIT of each carries ``key``, ``version`` and ``tombstone``.
+
+How the books close into the ledger (contract: no downstream, ``per_key``):
+
+- every row of the replica's apply journal is a ``residue_apply`` (in journal order), and each
+  event applied at least once one ``residue_effect``: re-applying the same version is idempotent,
+  an event never applied is ``lost``;
+- every replica row is a ``residue_entity``, live or a tombstone marker.
+
+Quiescence, arms, faults, residue of the input topic, the verdict and healing are
+``KafkaRunSession``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import text
+
+from harness.clients import db
+from harness.errors import ConfigError, HarnessError
+from harness.ledger.schema import Kind
+from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
+from harness.run.kafka_runner import KafkaRunSession, Progress, run_kafka_scenario
+from harness.run.runner import RunResult
+from harness.run.spec import ScenarioSpec
+from harness.stack.base import Endpoints
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class CqrsRunSession(KafkaRunSession):
+    """One CQRS run, driven step by step.
+
+    >>> with CqrsRunSession(spec, endpoints) as run:
+    ...     run.arm(Crash("before_offset_commit", op_index=2))
+    ...     run.submit(6)
+    ...     result = run.close()
+    """
+
+    def __init__(
+        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+    ) -> None:
+        if spec.broker != "kafka_cqrs":
+            raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='kafka_cqrs'")
+        if not spec.contract.per_key or spec.contract.expects_downstream:
+            raise ConfigError(
+                f"{spec.label}: a CQRS replica's contract must judge per key and expect no downstream",
+                hint="set contract=FlowContract(expects_downstream=False, per_key=True)",
+            )
+        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
+
+    def submit(self, count: int) -> list[str]:
+        """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
+        producer = self._producer
+        if producer is None:
+            raise HarnessError("submit() to a run that is not open", hint="call open() first")
+        new = []
+        for _ in range(count):
+            n = len(self.ops)
+            op = self.op_id(next(self._numbers))
+            ev = entity_event(n)
+            self.ledger.emit(
+                Kind.SUBMIT, op=op, dest=self.input_topic, key=ev.key, version=ev.version, tombstone=ev.tombstone
+            )
+            value = None if ev.tombstone else json.dumps({"op": op, "name": f"{ev.key} v{ev.version}"})
+            headers = {"txchaos-op": op, VERSION_HEADER: str(ev.version)}
+            producer.produce(self.input_topic, value, key=ev.key, headers=headers)
+            self.ops.append(op)
+            new.append(op)
+        producer.flush()
+        self.folder.step(f"submit {count} entity event(s) to {self.input_topic}")
+        self.progress(f"submitted {len(self.ops)} entity events")
+        return new
+
+    def _snapshot_effects(self, engine: db.Engine) -> None:
+        with engine.connect() as conn:
+            journal = conn.execute(text(f"SELECT n, event_id, key, version, tombstone FROM {JOURNAL} ORDER BY n")).all()
+            rows = conn.execute(text(f"SELECT key, version, deleted, event_id FROM {REPLICA} ORDER BY key")).all()
+        for n, op, key, version, tombstone in journal:
+            self.ledger.emit(
+                Kind.RESIDUE_APPLY, op=op, dest=JOURNAL, key=key, version=int(version), tombstone=bool(tombstone), n=n
+            )
+        for op in dict.fromkeys(str(r[1]) for r in journal):
+            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=JOURNAL)
+        for key, version, deleted, op in rows:
+            self.ledger.emit(Kind.RESIDUE_ENTITY, op=op, dest=REPLICA, key=key, version=int(version), deleted=deleted)
+        self.folder.step(f"snapshot apply journal {JOURNAL} ({len(journal)} rows) and replica {REPLICA}")
+
+
+def run_cqrs_scenario(
+    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+) -> RunResult:
+    """Run ``spec`` (``broker="kafka_cqrs"``) as ``run_kafka_scenario`` does, with entity events."""
+    return run_kafka_scenario(spec, endpoints, runs_root=runs_root, progress=progress, session=CqrsRunSession)
