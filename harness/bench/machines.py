@@ -22,6 +22,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
 from harness.bench.report import table, write_section
+from harness.machines.cqrs import cqrs_machine
 from harness.machines.profiles import profile
 from harness.machines.saga import saga_machine
 from harness.machines.stage import stage_machine
@@ -134,6 +135,24 @@ def _saga(variant: str, **saga: object) -> ScenarioSpec:
     )
 
 
+def _cqrs(variant: str, handler: str, expect: frozenset[str] = frozenset()) -> ScenarioSpec:
+    # Static membership as for the consumer; a batch of 5 holds an entity's create, update and delete.
+    # ``expect``: the class the bad variant's search hunts (harness.machines.cqrs).
+    return ScenarioSpec(
+        name="kafka_cqrs_machine",
+        variant=variant,
+        broker="kafka_cqrs",
+        handler=f"harness.patterns.kafka_cqrs:{handler}",
+        schema="kafka_cqrs",
+        effect_table="cqrs_journal",
+        effect_column="event_id",
+        options={"batch_size": 5, "partitions": 1, "static_membership": True},
+        timeout_s=30.0,
+        contract=FlowContract(expects_downstream=False, per_key=True),
+        expect=expect,
+    )
+
+
 TARGETS: dict[str, Callable[[], Target]] = {
     "onepc": lambda: Target(
         "1PC stage", _onepc("naive", "naive"), _onepc("cts", "check_then_skip"), "duplicate-effect"
@@ -168,6 +187,13 @@ TARGETS: dict[str, Callable[[], Target]] = {
         _saga("fixed"),
         "duplicate-effect",
         machine=saga_machine,
+    ),
+    "cqrs": lambda: Target(
+        "Kafka CQRS replica",
+        _cqrs("naive", "naive_replica", frozenset({"resurrected"})),
+        _cqrs("versioned", "versioned_replica"),
+        "resurrected",
+        machine=cqrs_machine,
     ),
 }
 

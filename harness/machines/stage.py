@@ -77,13 +77,16 @@ class StageMachine(RuleBasedStateMachine):
             cls.started_at = time.monotonic()
         cls.last_steps = []
         spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, 20.0))
-        self.run: RunSession | KafkaRunSession = (
-            KafkaRunSession(spec, cls.endpoints) if spec.broker == "kafka" else RunSession(spec, cls.endpoints)
-        ).open()
+        self.run: RunSession | KafkaRunSession = self.open_session(spec)
         self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
         self.toxics: set[tuple[str, str]] = set()
         self.first_duplicate: tuple[int, list[str]] | None = None
         note(f"run folder: {self.run.folder.path}")
+
+    def open_session(self, spec: ScenarioSpec) -> RunSession | KafkaRunSession:
+        """Return this example's run, open (a pattern's own machine opens its own session class)."""
+        endpoints = type(self).endpoints
+        return (KafkaRunSession(spec, endpoints) if spec.broker == "kafka" else RunSession(spec, endpoints)).open()
 
     def _step(self, text: str) -> None:
         type(self).last_steps.append(text)
