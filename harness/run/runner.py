@@ -26,6 +26,7 @@ from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.folder import RunFolder
+from harness.run.settle import Settlement
 from harness.run.sink import Sink, op_of
 from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.run.supervisor import WorkerPool
@@ -312,8 +313,10 @@ class RunSession:
             sink.check()
             done = len(want & sink.accounted())
             if done == len(want):
-                # A worker killed after its DB commit gets its message back once it is replaced.
-                pool.wait_serving(deadline)
+                # A worker killed after its DB commit gets its message back once it is replaced,
+                # and the replacement must settle it before the queues are drained as residue.
+                if pool.wait_serving(deadline):
+                    self._await_settled(deadline)
                 break
             if done > progressed:
                 progressed, restarts_then = done, pool.restarts
@@ -332,6 +335,14 @@ class RunSession:
         time.sleep(self.spec.settle_s)  # let late duplicates arrive before the books close
         out = len(sink.accounted() & want)
         self.folder.step(f"quiescence after {out}/{len(want)} out; {pool.restarts} restart(s)")
+
+    def _await_settled(self, deadline: float) -> None:
+        """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
+        settlement = Settlement(self.folder.path / "ledger")
+        while (pending := settlement.unsettled()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if pending:
+            self.folder.step(f"quiescence: {len(pending)} delivered message(s) never settled")
 
     def _await_outbox(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until the outbox holds no unsent row.

@@ -1,0 +1,68 @@
+"""Quiescence's settlement tracker: a message is settled only by the process that last received it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.ledger.schema import Kind
+from harness.ledger.tail import LedgerTail
+from harness.ledger.writer import LedgerWriter
+from harness.run.settle import Settlement
+
+# A worker that receives m-1, commits the DB and is SIGKILLed before its broker commit.
+KILLED_AFTER_DB_COMMIT = """
+import os, signal, sys
+from pathlib import Path
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+w = LedgerWriter(Path(sys.argv[1]), "worker-1")
+w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+w.emit(Kind.DB_COMMIT, op="op-1", msg="m-1")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _killed_worker(ledger: Path) -> None:
+    subprocess.run([sys.executable, "-c", KILLED_AFTER_DB_COMMIT, str(ledger)], check=False, timeout=60)
+
+
+def test_a_message_held_by_a_killed_worker_is_unsettled_until_redelivered_and_committed(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    settlement = Settlement(ledger)
+    _killed_worker(ledger)
+    assert settlement.unsettled() == {"m-1"}
+    # The replacement's segment sorts before the killed worker's: read order must not matter.
+    with LedgerWriter(ledger, "a-replacement") as w:
+        w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=2)
+        assert settlement.unsettled() == {"m-1"}
+        w.emit(Kind.BROKER_COMMIT, op="op-1", msg="m-1")
+    assert settlement.unsettled() == set()
+    assert Settlement(ledger).unsettled() == set()  # the same from a cold read of both segments
+
+
+def test_a_nack_settles_and_a_commit_by_another_process_does_not(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    _killed_worker(ledger)
+    with LedgerWriter(ledger, "worker-2") as w:
+        w.emit(Kind.DELIVER, op="op-2", msg="m-2", attempt=1)
+        w.emit(Kind.NACK, op="op-2", msg="m-2")
+        w.emit(Kind.BROKER_COMMIT, op="op-1", msg="m-1")
+    # A commit of m-1 by a process that did not receive it last does not settle worker-1's delivery.
+    settlement = Settlement(ledger)
+    assert settlement.unsettled() == {"m-1"}
+
+
+def test_the_tail_yields_each_complete_event_once(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    tail = LedgerTail(ledger)
+    with LedgerWriter(ledger, "driver") as w:
+        w.emit(Kind.SUBMIT, op="op-1")
+        assert [e["op"] for e in tail.new()] == ["op-1"]
+        w.emit(Kind.SUBMIT, op="op-2")
+        segment = w.path
+    with segment.open("ab") as fh:
+        fh.write(b'{"kind": "submit", "op": "op-3"')  # a line still being written
+    assert [e["op"] for e in tail.new()] == ["op-2"]
+    assert list(tail.new()) == []
