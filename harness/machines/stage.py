@@ -207,6 +207,11 @@ class StageMachine(RuleBasedStateMachine):
 
 def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[StageMachine]:
     """Return a ``StageMachine`` subclass bound to ``spec`` and ``endpoints``."""
+    if spec.broker not in ("activemq", "kafka"):
+        raise ConfigError(
+            f"{spec.label} runs on {spec.broker!r}, which the stage machine does not drive",
+            hint="bind it with its pattern's machine: cqrs_machine, saga_machine or dtm_machine (TARGETS[...].machine)",
+        )
     if not isinstance(endpoints, Endpoints):
         raise ConfigError(
             f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",

@@ -9,7 +9,9 @@ from types import ModuleType
 import pytest
 
 from harness import Crash
+from harness.bench.machines import TARGETS
 from harness.errors import ConfigError
+from harness.machines.stage import stage_machine
 from harness.patterns.kafka_cqrs import EntityEvent, entity_event
 from harness.run.spec import ScenarioSpec
 
@@ -57,3 +59,12 @@ def test_a_kafka_cqrs_spec_takes_only_kafka_crash_points() -> None:
             effect_table="cqrs_journal",
             crashes=(Crash("after_broker_commit", op_index=0),),
         )
+
+
+@pytest.mark.parametrize("pattern", ["cqrs", "saga"])
+def test_the_stage_machine_refuses_a_pattern_with_its_own_machine(pattern: str) -> None:
+    # A CQRS spec driven by the ActiveMQ stage machine ran its Kafka replica as STOMP workers and
+    # reported every operation dead-lettered: refuse it, naming the machine to use.
+    target = TARGETS[pattern]()
+    with pytest.raises(ConfigError, match=f"{target.machine.__name__}"):
+        stage_machine(target.bad, None)  # type: ignore[arg-type]
