@@ -505,6 +505,7 @@ class TopicReader:
         if not parts:
             raise HarnessError(f"no partitions found for {topics}", hint="create the topics before reading them")
         self._consumer.assign(parts)
+        self._parts = [TopicPartition(tp.topic, tp.partition) for tp in parts]
 
     def poll(self, max_records: int = 500, timeout: float = 0.1) -> list[Record]:
         try:
@@ -512,6 +513,22 @@ class TopicReader:
         except KafkaException as exc:
             raise HarnessError(f"Kafka read failed: {exc}") from exc
         return [_record(m) for m in msgs if _check(m)]
+
+    def caught_up(self) -> bool:
+        """Return whether every partition was read to its end as the broker sees it now.
+
+        Under ``read_committed`` the end is the last stable offset: a transaction still open does
+        not hold this back, and the reader's position moves past transaction markers and aborted
+        records (measured on the pinned Kafka). Call it from the thread that polls.
+        """
+        try:
+            for tp in self._consumer.position(self._parts):
+                low, end = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=False)
+                if (tp.offset if tp.offset >= 0 else low) < end:
+                    return False
+        except KafkaException as exc:
+            raise HarnessError(f"Kafka position query failed: {exc}") from exc
+        return True
 
     def close(self) -> None:
         self._consumer.close()

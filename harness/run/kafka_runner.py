@@ -264,8 +264,9 @@ class KafkaRunSession:
         return all((done.get(p) or 0) >= end for p, end in ends.items())
 
     def _await_quiescence(self, sink: KafkaSink, pool: WorkerPool) -> None:
-        """Wait until every operation came out, or the group has committed all input and nothing
-        came out for ``settle_s`` since (a lost operation never comes out); bounded by the timeout.
+        """Wait until every operation came out, or the group has committed all input, the sink has
+        read its topics to their end since, and nothing came out for ``settle_s`` (a lost
+        operation never comes out); bounded by the timeout.
 
         The quiet time counts from when the commit was first seen: with the auto offset store a
         commit covers records whose output is still to come.
@@ -286,8 +287,14 @@ class KafkaRunSession:
             if consumed_at is None and now >= next_check:
                 next_check = now + COMMITTED_POLL_S
                 if self.consumed():
-                    consumed_at = now
-            if consumed_at is not None and min(now - consumed_at, sink.quiet_s()) >= settle:
+                    consumed_at = time.monotonic()  # the outputs were flushed before this commit
+            # Every output written before the commit must have been read, or an operation still on
+            # its way (a dead letter the sink has not fetched yet) would be reported lost.
+            if (
+                consumed_at is not None
+                and min(now - consumed_at, sink.quiet_s()) >= settle
+                and sink.caught_up_since(consumed_at)
+            ):
                 self.progress(f"input consumed and committed; {len(want) - done} operation(s) never came out")
                 break
             if done - last_report >= max(1, len(want) // 10):

@@ -33,6 +33,8 @@ class KafkaSink:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last = time.monotonic()
+        # When the sink last found itself read to the end of every topic with nothing new since.
+        self._caught_up_at: float | None = None
         self._error: BaseException | None = None
         self._reader = TopicReader(bootstrap, list(self.topics), client_id="txchaos-sink")
         self._thread = threading.Thread(target=self._run, name="kafka-sink", daemon=True)
@@ -43,7 +45,13 @@ class KafkaSink:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for rec in self._reader.poll(500, 0.05):
+                records = self._reader.poll(500, 0.05)
+                if not records:
+                    now = time.monotonic()
+                    caught_up = self._reader.caught_up()
+                    with self._lock:
+                        self._caught_up_at = now if caught_up else None
+                for rec in records:
                     op = op_of(rec)
                     kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
                     detail: dict[str, Any] = {}
@@ -70,6 +78,12 @@ class KafkaSink:
     def accounted(self) -> set[str]:
         with self._lock:
             return set(self.seen)
+
+    def caught_up_since(self, since: float) -> bool:
+        """Return whether the sink, checking after the monotonic time ``since``, had read every
+        record its topics held (outputs written before then have been seen)."""
+        with self._lock:
+            return self._caught_up_at is not None and self._caught_up_at > since
 
     def quiet_s(self) -> float:
         """Return how long nothing has arrived."""
