@@ -103,19 +103,24 @@ def _outbox(variant: str, consumer: str) -> ScenarioSpec:
     )
 
 
-def _kafka(variant: str, handler: str) -> ScenarioSpec:
+def _kafka(variant: str, handler: str, module: str = "kafka_consumer", **options: object) -> ScenarioSpec:
     # Static membership: a restarted consumer takes its partition back at once instead of after
     # the dead member's session timeout (6 s), so a crash costs an example ~1 s, not 7.
     return ScenarioSpec(
         name="kafka_machine",
         variant=variant,
         broker="kafka",
-        handler=f"harness.patterns.kafka_consumer:{handler}",
+        handler=f"harness.patterns.{module}:{handler}",
         schema="kafka_consumer",
         effect_table="kafka_effects",
-        options={"batch_size": 5, "partitions": 1, "static_membership": True},
+        options={"batch_size": 5, "partitions": 1, "static_membership": True, **options},
         timeout_s=30.0,
     )
+
+
+def _kafka_batch(variant: str, handler: str, batch_errors: str) -> ScenarioSpec:
+    # The batch listener's whole batch in one DB transaction; 3 attempts, then the dead-letter topic.
+    return _kafka(variant, handler, "kafka_batch", db_tx="batch", batch_errors=batch_errors, max_attempts=3)
 
 
 def _saga(variant: str, **saga: object) -> ScenarioSpec:
@@ -180,6 +185,23 @@ TARGETS: dict[str, Callable[[], Target]] = {
     ),
     "kafka": lambda: Target(
         "Kafka at-least-once consumer", _kafka("naive", "naive"), _kafka("inbox", "inbox_offset"), "duplicate-effect"
+    ),
+    # The auto offset store's window only: a crash after the poll, before the DB commit. A crash
+    # after the DB commit is the naive consumer's other bug (duplicate-effect), hunted above.
+    "kafka_auto": lambda: Target(
+        "Kafka auto offset store",
+        _kafka("auto-store", "naive", offset_store="auto", commit="record"),
+        _kafka("inbox-event", "inbox_event"),
+        "lost",
+        {"crash_points": ("after_poll",), "redelivery_actions": ()},
+    ),
+    # Poison records among good ones, and latency: the batch listener's fault family.
+    "kafka_batch": lambda: Target(
+        "Kafka batch listener",
+        _kafka_batch("naive-listener", "naive_listener", "retry_batch"),
+        _kafka_batch("indexed-listener", "indexed_listener", "index"),
+        "dead-lettered",
+        {"poison": True, "crash_points": (), "redelivery_actions": (), "batch_crashes": False},
     ),
     "saga": lambda: Target(
         "Kafka saga",

@@ -9,8 +9,9 @@ carries the run folder, the seed and the step list; Hypothesis shrinks it to a s
 What the rules may choose from is class data, so a pattern widens it without new rules:
 ``crash_points`` (its own points, e.g. ``after_external_call``), ``redelivery_actions``
 (add ``nack`` only on a broker with the redelivery plugin: without it a NACK dead-letters at
-once), ``poison`` (also submit poison messages) and ``broker_restarts`` (kill -9 and restart
-ActiveMQ while the flow runs; each costs seconds).
+once), ``poison`` (also submit poison messages), ``broker_restarts`` (kill -9 and restart
+ActiveMQ while the flow runs; each costs seconds) and ``batch_crashes`` (Kafka, on by default
+there: a crash on the last of several records produced together, inside one poll batch).
 
 Subclass, or bind one with ``stage_machine(spec, endpoints)``:
 
@@ -60,6 +61,8 @@ class StageMachine(RuleBasedStateMachine):
     network_proxies: ClassVar[tuple[str, ...]] = PROXIES
     poison: ClassVar[bool] = False
     broker_restarts: ClassVar[bool] = False
+    # Kafka: also arm a crash on the last of several records produced together (one poll batch).
+    batch_crashes: ClassVar[bool] = False
     # The steps of the last example, in order: after a failure, the shrunk counterexample.
     last_steps: ClassVar[list[str]] = []
     last_result: ClassVar[RunResult | None] = None
@@ -110,6 +113,19 @@ class StageMachine(RuleBasedStateMachine):
         self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops)))
         self.run.submit(1)
 
+    @precondition(lambda self: type(self).batch_crashes and bool(type(self).crash_points))
+    @rule(data=st.data(), n=st.integers(min_value=2, max_value=4))
+    def crash_in_batch(self, data: st.DataObject, n: int) -> None:
+        """Submit ``n`` operations in one flush and kill the worker at a point on the last of them.
+
+        Records produced together are polled together, so the crash lands inside a batch: the
+        window where what the batch did before it is redone, or what it stored is lost.
+        """
+        point = data.draw(st.sampled_from(type(self).crash_points), label="point")
+        self._step(f"crash_in_batch({point!r}, {n})")
+        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops) + n - 1))
+        self.run.submit(n)
+
     @precondition(lambda self: bool(type(self).redelivery_actions))
     @rule(data=st.data())
     def force_redelivery(self, data: st.DataObject) -> None:
@@ -126,8 +142,6 @@ class StageMachine(RuleBasedStateMachine):
     def submit_poison(self) -> None:
         """Submit one message that crashes the worker on every delivery."""
         self._step("submit_poison()")
-        if not isinstance(self.run, RunSession):
-            raise ConfigError("submit_poison on a Kafka run", hint="put poison records in the spec's `poison`")
         self.run.submit(1, poison=True)
 
     @precondition(lambda self: type(self).broker_restarts)
@@ -225,6 +239,7 @@ def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> typ
             "redelivery_points": KAFKA_REDELIVERY_POINTS,
             "redelivery_actions": ("disconnect",),
             "network_proxies": KAFKA_PROXIES,
+            "batch_crashes": True,
         }
     namespace: dict[str, Any] = {
         **kafka,

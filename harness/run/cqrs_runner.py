@@ -58,8 +58,12 @@ class CqrsRunSession(KafkaRunSession):
             )
         super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
 
-    def submit(self, count: int) -> list[str]:
+    def submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
+        if poison:
+            raise ConfigError(
+                "poison records in a CQRS run", hint="entity events have no poison flag: submit plain ones"
+            )
         producer = self._producer
         if producer is None:
             raise HarnessError("submit() to a run that is not open", hint="call open() first")

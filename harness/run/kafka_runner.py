@@ -171,11 +171,12 @@ class KafkaRunSession:
             self._heal()
 
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int) -> list[str]:
+    def submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Produce ``count`` new operations, keyed by their (requester-made) ids; return the ids.
 
-        Returns once the broker has acknowledged every record; the ledger holds a SUBMIT for
-        each before it goes out.
+        ``poison`` marks them as poison records (as do the spec's ``poison`` numbers). Returns
+        once the broker has acknowledged every record; the ledger holds a SUBMIT for each before
+        it goes out.
         """
         if self._producer is None:
             raise HarnessError("submit() to a run that is not open", hint="call open() first")
@@ -184,7 +185,7 @@ class KafkaRunSession:
             n = len(self.ops)
             self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_topic)
             fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
-            if n in self.spec.poison:
+            if poison or n in self.spec.poison:
                 fields["poison"] = True  # a record its handler cannot process, on every delivery
             body = json.dumps(fields)
             self._producer.produce(self.input_topic, body, key=op, headers={"txchaos-op": op})
