@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -42,17 +41,6 @@ def test_sigkill_after_emit_loses_nothing(tmp_path: Path, n: int) -> None:
     assert table.num_rows == n
     assert sorted(table["seq"].to_pylist()) == list(range(n))
     assert set(table["op"].to_pylist()) == {f"op-{i}" for i in range(n)}
-
-
-def test_emit_is_cheap(tmp_path: Path) -> None:
-    n = 20_000
-    with LedgerWriter(tmp_path, "driver") as w:
-        started = time.perf_counter()
-        for i in range(n):
-            w.emit(Kind.SUBMIT, op=f"op-{i}", dest="orders")
-        per_event_us = (time.perf_counter() - started) / n * 1e6
-    # one os.write per event: a few us on any disk; 100 us would show on the hot path
-    assert per_event_us < 100, f"{per_event_us:.1f} us per event"
 
 
 def _write_small(tmp_path: Path) -> Path:
