@@ -23,7 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-SECTION = "## Ledger verification (issue 5)"
+from harness.bench.report import write_section
+
+SECTION = "Ledger verification (issue 5)"
 
 
 def _child(engine: str, run_dir: str, out: str) -> None:
@@ -125,8 +127,6 @@ def _yes(flag: object) -> str:
 def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
-        SECTION,
-        "",
         f"Command: `{command}` on this machine ({os.cpu_count()} cores, Spark `local[*]`, driver 2 GiB).",
         f"Load average when the run ended (1/5/15 min): {load}; anything above ~2 means other work shared the cores.",
         "Spark runs in a fresh child process per size: JVM start, then one cold `txchaos verify` job.",
@@ -150,18 +150,6 @@ def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
         "",
     ]
     return "\n".join(lines) + "\n"
-
-
-def write_section(doc: Path, section: str) -> None:
-    """Replace (or append) the issue-5 section of ``doc``, leaving every other section alone."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    doc.write_text(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,6 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.add_row(*(str(r.get(c, "-")) for c in cols))
     console.print(table)
     command = "txchaos bench verify " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_section(args.doc, _markdown(rows, command.strip(), emit_us))
+    write_section(SECTION, _markdown(rows, command.strip(), emit_us), args.doc)
     ok = all(r["truth_found"] and r.get("engines_agree", True) for r in rows)
     return 0 if ok else 1
