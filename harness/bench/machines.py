@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown pattern(s) {unknown}; choose from {', '.join(TARGETS)}")
 
-    rows: list[list[object]] = []
+    rows: dict[str, list[list[object]]] = {}  # section -> its rows
     provider = LocalProvider()
     endpoints = provider.start()
     try:
@@ -281,17 +281,16 @@ def main(argv: list[str] | None = None) -> int:
                 if bad["found"]
                 else f"not found in {args.cap}"
             )
-            rows.append(
-                [
-                    target.pattern,
-                    target.anomaly,
-                    first,
-                    f"{len(bad['steps'])}: {' -> '.join(bad['steps'])}" if bad["found"] else "-",
-                    f"{bad['examples']} ({bad['total_s']:.0f} s)",
-                    f"{fixed['per_min']:.0f}" + (f" (FAILED: {fixed['error']})" if fixed["error"] else ""),
-                ]
-            )
-            console.print(" | ".join(str(c) for c in rows[-1]))
+            row: list[object] = [
+                target.pattern,
+                target.anomaly,
+                first,
+                f"{len(bad['steps'])}: {' -> '.join(bad['steps'])}" if bad["found"] else "-",
+                f"{bad['examples']} ({bad['total_s']:.0f} s)",
+                f"{fixed['per_min']:.0f}" + (f" (FAILED: {fixed['error']})" if fixed["error"] else ""),
+            ]
+            rows.setdefault(_section(target), []).append([name, *row])
+            console.print(" | ".join(str(c) for c in row))
     finally:
         provider.stop()
     headers = [
@@ -302,14 +301,24 @@ def main(argv: list[str] | None = None) -> int:
         "examples incl. shrinking",
         "fixed examples/min",
     ]
-    text = table(headers, rows)
-    console.print(text)
-    if not args.no_write:
+    for section, section_rows in rows.items():
+        text = table(headers, [row[1:] for row in section_rows])
+        console.print(text)
+        if args.no_write:
+            continue
+        patterns = ",".join(str(row[0]) for row in section_rows)
         body = (
-            f"Command: `txchaos bench machines --patterns {','.join(names)} --cap {args.cap} "
+            f"Command: `txchaos bench machines --patterns {patterns} --cap {args.cap} "
             f"--fixed-examples {args.fixed_examples}` (local provider, no example database).\n\n{text}\n\n"
             "Targets: first counterexample <= 60 s; >= 30 examples/minute. Each example is a real run: "
             "tables truncated, toxics removed, workers started, the program's steps, quiescence, verdict."
         )
-        console.print(f"written to {write_section('State machines per pattern (issue 3)', body)}")
+        console.print(f"written to {write_section(section, body)}")
     return 0
+
+
+def _section(target: Target) -> str:
+    """Return the docs/benchmarks.md section of ``target``: one per issue (broker row)."""
+    if target.bad.broker == "activemq":
+        return "State machines per pattern (issue 3)"
+    return "Kafka state machines per pattern (issue 4)"
