@@ -1,46 +1,143 @@
-"""Standby workers: interpreters that have imported the stage runtime before they are needed.
+"""Start workers by forking a pre-imported interpreter: a crash costs milliseconds, not an import.
 
-A worker's cold start is ~0.5 s, most of it importing SQLAlchemy and stomp.py. A Hypothesis
-example starts a worker and restarts it after every crash, so that cost bounds examples per
-minute. ``Standby`` keeps interpreters ready (``python -m harness.worker --standby``: imports
-done, blocked on stdin; four of them, since a crash-looping worker restarts every ~0.2 s and a
-spare needs ~0.4 s to import on 2 cores: with two, a poison example waited ~0.3 s per restart) and hands
-one a worker spec when a worker is wanted; it redirects its output to the run's log and runs
-the spec as a cold worker would.
+A worker's cold start is ~0.3 s of CPU, most of it importing SQLAlchemy, stomp.py and the Kafka
+client. A Hypothesis example starts a worker and restarts it after every crash, and a poison
+message crash-loops it a dozen times an example: with spare interpreters importing in the
+background, 2 cores spent the loop importing (measured 100-290 ms from a worker's death to its
+replacement subscribing). ``Standby`` keeps one fork server (``harness.worker.zygote``) that has
+imported everything and forks each worker from it.
 
-Every standby is spawned by one long-lived keeper thread, because a child dies with the
-*thread* that spawned it (PDEATHSIG); a pool's own monitor thread ends with its run.
+The server is spawned by one long-lived keeper thread, because a child dies with the *thread*
+that spawned it (PDEATHSIG); a pool's own monitor thread ends with its run. Each forked worker
+dies with the server, so a harness killed by SIGKILL takes the server and every worker with it,
+and each worker is recorded for the next start's reaping like any other process.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
+import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import IO
 
 from harness.errors import HarnessError
 from harness.paths import cache_root
-from harness.stack.procs import Managed, spawn, stop
+from harness.stack.procs import Managed, spawn, stop, write_record
 
 Request = tuple[Path, Path, str, str]  # spec path, log path, worker name, registry tag
+SERVER_TAG = "worker-standby"
+
+
+class ForkedWorker:
+    """A worker forked by the server: ``subprocess.Popen``'s poll/wait, fed by the server's exit reports."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def ended(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _Server:
+    """One running fork server: its pipes, and the workers it reported forking."""
+
+    def __init__(self, proc: Managed) -> None:
+        popen = proc.popen
+        if not isinstance(popen, subprocess.Popen) or popen.stdin is None or popen.stdout is None:
+            raise HarnessError("the worker fork server has no pipes", hint="spawn it with stdin_pipe and stdout_pipe")
+        self.proc = proc
+        self.stdin: IO[bytes] = popen.stdin
+        self.stdout: IO[bytes] = popen.stdout
+        self.pids: queue.Queue[int | None] = queue.Queue()  # answers to requests, in order
+        self.workers: dict[int, ForkedWorker] = {}
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, name="worker-fork-server", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            for raw in self.stdout:
+                word, *rest = raw.decode().split()
+                if word == "pid":
+                    pid = int(rest[0])
+                    with self.lock:
+                        self.workers[pid] = ForkedWorker(pid)
+                    self.pids.put(pid)
+                elif word == "exit":
+                    with self.lock:
+                        worker = self.workers.pop(int(rest[0]), None)
+                    if worker is not None:
+                        worker.ended(int(rest[1]))
+        finally:
+            # The server is gone, and its workers with it (PDEATHSIG): nobody will report them.
+            with self.lock:
+                orphans, self.workers = list(self.workers.values()), {}
+            for worker in orphans:
+                worker.ended(-9)
+            self.pids.put(None)
+
+    def fork(self, request: Request, timeout: float) -> Managed:
+        spec_path, log_path, name, tag = request
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.stdin.write(f"{spec_path}\t{log_path}\n".encode())
+            self.stdin.flush()
+            pid = self.pids.get(timeout=timeout)
+        except (BrokenPipeError, queue.Empty):
+            pid = None
+        if pid is None:
+            raise HarnessError(f"the worker fork server could not start {name}", hint=f"read {self.proc.log_path}")
+        with self.lock:
+            worker = self.workers.get(pid)
+        if worker is None:  # it ended before we looked: its exit was reported already
+            worker = ForkedWorker(pid)
+            worker.ended(-9)
+        # A forked worker's environment is the server's, so it carries the server's tag: the one a
+        # later start checks before it reaps a leaked pid.
+        record = write_record(pid, name=name, tag=SERVER_TAG, argv0="harness.worker")
+        return Managed(name=name, popen=worker, log_path=log_path, record=record, tag=tag)
+
+    def alive(self) -> bool:
+        return self.proc.alive() and self.reader.is_alive()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stdin.close()  # EOF: the server exits, and its workers die with it
+        deadline = time.monotonic() + 2
+        while self.proc.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop(self.proc, timeout=1)
 
 
 class Standby:
-    """Start worker processes from a pre-imported spare; one keeper thread spawns them all."""
+    """Start worker processes by forking a pre-imported server; one keeper thread owns the server."""
 
-    def __init__(self, spares: int = 4) -> None:
-        self.spares = spares
+    def __init__(self) -> None:
         self._requests: queue.Queue[tuple[Request, Future[Managed]] | None] = queue.Queue()
-        self._ready: list[Managed] = []
-        self._count = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._count = 0
 
     def start_worker(self, spec_path: Path, log_path: Path, *, name: str, tag: str, timeout: float = 30.0) -> Managed:
-        """Run the worker described by ``spec_path`` in a ready interpreter; returns at once."""
+        """Run the worker described by ``spec_path`` in a forked interpreter; returns once it runs."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._keep, name="worker-standby", daemon=True)
@@ -51,60 +148,46 @@ class Standby:
         return done.result(timeout)
 
     def close(self) -> None:
-        """Stop the spare interpreters and the keeper thread."""
+        """Stop the fork server (its workers die with it) and the keeper thread."""
         self._requests.put(None)
         if self._thread is not None:
             self._thread.join(10)
 
     # -- the keeper thread ---------------------------------------------------------------------
     def _keep(self) -> None:
+        server: _Server | None = None
         try:
             while True:
-                self._ready = [p for p in self._ready if p.alive()]
-                while len(self._ready) < self.spares:
-                    self._ready.append(self._spawn_spare())
+                if server is None or not server.alive():
+                    if server is not None:
+                        server.close()
+                    server = self._start_server()  # at once: it imports while nobody waits yet
                 item = self._requests.get()
                 if item is None:
                     return
                 request, done = item
                 try:
-                    done.set_result(self._hand_over(request))
+                    if not server.alive():
+                        server.close()
+                        server = self._start_server()
+                    done.set_result(server.fork(request, timeout=30.0))
                 except BaseException as exc:  # the caller raises it
                     done.set_exception(exc)
         finally:
-            for proc in self._ready:
-                stop(proc, timeout=1)
-            self._ready = []
+            if server is not None:
+                server.close()
 
-    def _spawn_spare(self) -> Managed:
+    def _start_server(self) -> _Server:
         self._count += 1
-        return spawn(
-            [sys.executable, "-m", "harness.worker", "--standby"],
-            name=f"standby-{self._count}",
-            tag="worker-standby",
-            log_path=cache_root() / "standby" / f"standby-{self._count % 4}.log",
+        proc = spawn(
+            [sys.executable, "-m", "harness.worker", "--zygote"],
+            name=f"worker-fork-server-{self._count}",
+            tag=SERVER_TAG,
+            log_path=cache_root() / "standby" / f"fork-server-{self._count % 4}.log",
             stdin_pipe=True,
+            stdout_pipe=True,
         )
-
-    def _hand_over(self, request: Request) -> Managed:
-        spec_path, log_path, name, tag = request
-        alive = [p for p in self._ready if p.alive()]
-        proc = alive[0] if alive else self._spawn_spare()  # the oldest: most likely done importing
-        self._ready = alive[1:]
-        stdin = proc.popen.stdin
-        if stdin is None:
-            raise HarnessError(f"standby {proc.name} has no stdin pipe", hint="spawn standbys with stdin_pipe=True")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            stdin.write(f"{spec_path}\t{log_path}\n".encode())
-            stdin.close()
-        except BrokenPipeError as exc:
-            stop(proc, timeout=1)
-            raise HarnessError(
-                f"standby worker {proc.name} died before it was used",
-                hint=f"read {proc.log_path}",
-            ) from exc
-        return Managed(name=name, popen=proc.popen, log_path=log_path, record=proc.record, tag=tag)
+        return _Server(proc)
 
 
 STANDBY = Standby()

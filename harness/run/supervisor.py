@@ -18,8 +18,8 @@ from harness.worker.spec import WorkerSpec
 class WorkerPool:
     """Keep ``specs`` running as OS processes until ``stop``; restarts are recorded in the ledger.
 
-    Workers are started from pre-imported standby interpreters (``harness.run.standby``), so a
-    restart after a crash costs tens of milliseconds, not the half second of a cold start.
+    Workers are forked from a pre-imported interpreter (``harness.run.standby``), so a restart
+    after a crash costs ~25 ms, not the third of a second of a cold start.
     """
 
     def __init__(

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from harness.paths import cache_root
 
@@ -60,12 +61,26 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+class ProcessHandle(Protocol):
+    """What the harness needs of a started process: ``subprocess.Popen``, or a forked worker's handle."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class Managed:
     """A process the harness started, with its log file and registry record."""
 
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: ProcessHandle
     log_path: Path
     record: Path
     tag: str
@@ -96,11 +111,13 @@ def spawn(
     user: str | None = None,
     detached: bool = False,
     stdin_pipe: bool = False,
+    stdout_pipe: bool = False,
 ) -> Managed:
     """Start ``argv`` in a new process group with output to ``log_path``, and record it.
 
     Call it from a thread that outlives the child (the main thread): PDEATHSIG fires when the
-    spawning *thread* exits. ``stdin_pipe`` gives the child a pipe on stdin (``popen.stdin``).
+    spawning *thread* exits. ``stdin_pipe`` / ``stdout_pipe`` give the child pipes on stdin /
+    stdout (``popen.stdin`` / ``popen.stdout``; stderr still goes to the log).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
@@ -110,29 +127,35 @@ def spawn(
         popen = subprocess.Popen(
             list(argv),
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if stdout_pipe else log,
+            stderr=log if stdout_pipe else subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
             user=user,
             start_new_session=True,
             preexec_fn=preexec,
         )
+    record = write_record(popen.pid, name=name, tag=tag, argv0=argv[0], detached=detached)
+    return Managed(name=name, popen=popen, log_path=log_path, record=record, tag=tag)
+
+
+def write_record(pid: int, *, name: str, tag: str, argv0: str, detached: bool = False) -> Path:
+    """Record ``pid`` (which carries ``tag`` in its environment) so a later start reaps it if leaked."""
     owner = None if detached else os.getpid()
-    record = _registry() / f"{tag.replace('/', '_')}-{popen.pid}.json"
+    record = _registry() / f"{tag.replace('/', '_')}-{pid}.json"
     record.write_text(
         json.dumps(
             {
-                "pid": popen.pid,
+                "pid": pid,
                 "tag": tag,
                 "name": name,
                 "owner_pid": owner,
                 "owner_start": start_time(owner) if owner else None,
-                "argv0": argv[0],
+                "argv0": argv0,
             }
         )
     )
-    return Managed(name=name, popen=popen, log_path=log_path, record=record, tag=tag)
+    return record
 
 
 def kill_group(pid: int, sig: int) -> None:
