@@ -38,11 +38,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 SEARCH_CAP = 40
 
 
-def machine_spec(variant: str, **saga: object) -> ScenarioSpec:
-    """Return the saga spec the machine drives: no scripted crash, refusal or flaky seat."""
+def machine_spec(variant: str, hunt: str | None = None, **saga: object) -> ScenarioSpec:
+    """Return the saga spec the machine drives: no scripted crash, refusal or flaky seat.
+
+    ``hunt``: the anomaly a bad variant's search hunts (its examples fail on that class only).
+    """
     (base,) = resolve("kafka_saga:fixed", 0, Path(__file__).parent)
     options = {k: v for k, v in base.options.items() if k not in ("refuse_seat", "flaky_seat")}
-    return replace(base, variant=variant, crashes=(), expect=frozenset(), options={**options, "backoff_ms": 50, **saga})
+    expect = frozenset({hunt} if hunt else ())
+    return replace(base, variant=variant, crashes=(), expect=expect, options={**options, "backoff_ms": 50, **saga})
 
 
 # variant -> (spec, the anomaly it must be caught with, the step suffixes it may name, the rules
@@ -50,13 +54,13 @@ def machine_spec(variant: str, **saga: object) -> ScenarioSpec:
 # dead-lettered after its retries, which nobody reads)
 BAD: dict[str, tuple[ScenarioSpec, str, tuple[str, ...], tuple[str, ...]]] = {
     "naive": (
-        machine_spec("naive", participant="naive", reply="after_commit"),
+        machine_spec("naive", "duplicate-effect", participant="naive", reply="after_commit"),
         "duplicate-effect",
         (".pay", ".seat"),
         ("arm_crash(",),
     ),
     "naive-unique": (
-        machine_spec("naive-unique", participant="unique", reply="after_commit", dlt_replies=False),
+        machine_spec("naive-unique", "stuck", participant="unique", reply="after_commit", dlt_replies=False),
         "stuck",
         ("",),
         ("arm_crash(", "flaky_seat(9)"),
