@@ -155,16 +155,9 @@ class Standby:
 
     # -- the keeper thread ---------------------------------------------------------------------
     def _keep(self) -> None:
-        server: _Server | None = None
+        server = self._start_server()  # at once: it imports while the first request is on its way
         try:
-            while True:
-                if server is None or not server.alive():
-                    if server is not None:
-                        server.close()
-                    server = self._start_server()  # at once: it imports while nobody waits yet
-                item = self._requests.get()
-                if item is None:
-                    return
+            while (item := self._requests.get()) is not None:
                 request, done = item
                 try:
                     if not server.alive():
@@ -174,8 +167,7 @@ class Standby:
                 except BaseException as exc:  # the caller raises it
                     done.set_exception(exc)
         finally:
-            if server is not None:
-                server.close()
+            server.close()
 
     def _start_server(self) -> _Server:
         self._count += 1

@@ -71,6 +71,7 @@ def serve(run: Runner) -> int:
     """Fork ``run(spec_path)`` per request on stdin until EOF; report pids and exits on stdout."""
     server_pid = os.getpid()
     wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd is written
@@ -80,11 +81,11 @@ def serve(run: Runner) -> int:
 
     pending = b""
     while True:
-        with contextlib.suppress(InterruptedError):
-            select.select([0, wake_r], [], [])
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            os.set_blocking(wake_r, False)
-            os.read(wake_r, 4096)
+        # A SIGCHLD writes the wakeup fd; select is retried after the signal (PEP 475) and sees it.
+        readable, _, _ = select.select([0, wake_r], [], [])
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
         while True:  # reap every worker that ended
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -93,8 +94,7 @@ def serve(run: Runner) -> int:
             if pid == 0:
                 break
             say(f"exit {pid} {_returncode(status)}")
-        readable, _, _ = select.select([0], [], [], 0)
-        if not readable:
+        if 0 not in readable:
             continue
         chunk = os.read(0, 65536)
         if not chunk:
