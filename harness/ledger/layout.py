@@ -6,6 +6,11 @@ follow Spark's bucketed-table convention (``..._{bucket:05d}.parquet``, bucket =
 ``pmod(murmur3(op_bucket), n_buckets)``), so Spark reads them as a table bucketed by
 ``op_bucket`` and plans the per-operation group-by without a shuffle. Any reader that ignores the
 convention (pyarrow, ``read_ledger``) simply sees one dataset.
+
+Two more derived columns make the per-operation work cheap for an engine: ``op_id`` (int64, the
+operation's rank among the run's operation ids in string order, null without one), so grouping
+and ordering compare integers, not strings; and ``kind_code`` (int8, the kind's position in
+``Kind``, -1 for a kind this version does not know), so counting kinds compares integers too.
 """
 
 from __future__ import annotations
@@ -17,13 +22,29 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from harness.ledger.schema import ARROW_SCHEMA, SCHEMA_VERSION
+from harness.ledger.schema import ARROW_SCHEMA, SCHEMA_VERSION, Kind
 
 OP_BUCKETS = 1024  # range of the op_bucket column; file buckets are a coarser hash of it
 LAYOUT_NAME = "_layout.json"
-PARQUET_SCHEMA = ARROW_SCHEMA.append(pa.field("op_bucket", pa.int32(), nullable=False))
+LAYOUT_VERSION = 2  # 2: op_id and kind_code
+PARQUET_SCHEMA = pa.schema(
+    [
+        *ARROW_SCHEMA,
+        pa.field("op_bucket", pa.int32(), nullable=False),
+        pa.field("op_id", pa.int64()),
+        pa.field("kind_code", pa.int8(), nullable=False),
+    ]
+)
+KIND_CODES: dict[str, int] = {str(k): i for i, k in enumerate(Kind)}
+
+
+def kind_codes(kinds: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Return the ``kind_code`` column for a ``kind`` column."""
+    names = pa.array(list(KIND_CODES), pa.string())
+    return pc.fill_null(pc.index_in(kinds, value_set=names), -1).cast(pa.int8())
 
 
 def n_buckets_for(events: int) -> int:
@@ -81,7 +102,11 @@ class BucketWriter:
         ]
 
     def write(self, table: pa.Table) -> None:
-        """Append ``table`` (already sorted by op) split into its buckets; keeps each op whole."""
+        """Append ``table`` (sorted by op, with ``op_bucket`` and ``op_id``) split into its buckets.
+
+        Keeps each op whole; adds ``kind_code``.
+        """
+        table = table.append_column("kind_code", kind_codes(table["kind"]))
         files = self._map[table["op_bucket"].to_numpy()]
         order = np.argsort(files, kind="stable")
         bounds = np.searchsorted(files[order], np.arange(self.n_buckets + 1))
@@ -95,6 +120,7 @@ class BucketWriter:
             w.close()
         meta = {
             "version": SCHEMA_VERSION,
+            "layout": LAYOUT_VERSION,
             "n_buckets": self.n_buckets,
             "bucket_column": "op_bucket",
             "op_buckets": OP_BUCKETS,

@@ -38,11 +38,13 @@ def read_segments(ledger_dir: Path) -> pa.Table:
 
 
 def with_op_bucket(table: pa.Table) -> pa.Table:
-    """Return ``table`` with its ``op_bucket`` column, sorted by (op, ts_ns, src, seq)."""
-    ops = table["op"].unique().to_pylist()
-    lookup = pa.array([op_bucket_of(o) for o in ops], pa.int32())
-    buckets = pc.take(lookup, pc.index_in(table["op"], value_set=pa.array(ops, pa.string())))
-    table = table.append_column("op_bucket", pc.fill_null(buckets, 0))
+    """Return ``table`` with its ``op_bucket`` and ``op_id`` columns, sorted by (op, ts_ns, src, seq)."""
+    unique = table["op"].unique().drop_null()
+    ops = pc.take(unique, pc.sort_indices(unique))
+    lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
+    op_id = pc.index_in(table["op"], value_set=ops)
+    table = table.append_column("op_bucket", pc.fill_null(pc.take(lookup, op_id), 0))
+    table = table.append_column("op_id", op_id.cast(pa.int64()))
     return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
 

@@ -210,6 +210,7 @@ def _chunk(
             "offset": pa.nulls(len(ts), pa.int64()),
             "detail": _take(["{}", '{"redelivered": true}'], (is_deliver & (attempt > 1)).astype(np.int64)),
             "op_bucket": pa.array((((first_op + op) * 2654435761) % OP_BUCKETS).astype(np.int32)),
+            "op_id": pa.array(first_op + op),  # "op-%010d" sorts as its number
         }
     )
     return table, plan
@@ -246,6 +247,7 @@ def _run_rows(
             "offset": pa.nulls(n, pa.int64()),
             "detail": pa.array(["{}"] * n),
             "op_bucket": pa.array(np.zeros(n, np.int32)),
+            "op_id": pa.nulls(n, pa.int64()),
         }
     )
     return table, windows

@@ -66,6 +66,19 @@ def test_compact_writes_buckets_that_keep_each_op_whole(tmp_path: Path) -> None:
     assert len(seen) == 51  # 50 ops + the null op of the fault event
 
 
+def test_compact_numbers_ops_in_id_order_and_codes_kinds(tmp_path: Path) -> None:
+    out = compact(_write_small(tmp_path))
+    assert (read_layout(out) or {}).get("layout") == 2
+    table = pq.read_table(out, columns=["op", "op_id", "kind", "kind_code"])
+    pairs = {(r["op"], r["op_id"]) for r in table.select(["op", "op_id"]).to_pylist()}
+    assert (None, None) in pairs  # the fault event has no operation, so no op_id
+    named = sorted(p for p in pairs if p[0] is not None)
+    # op_id is the operation's rank in string order ("op-10" before "op-2"), the order witnesses use
+    assert [i for _, i in named] == list(range(50))
+    kinds = list(Kind)
+    assert all(kinds[c] == k for k, c in zip(table["kind"].to_pylist(), table["kind_code"].to_pylist(), strict=True))
+
+
 def test_read_ledger_is_the_same_before_and_after_compaction(tmp_path: Path) -> None:
     ledger = _write_small(tmp_path)
     before = read_ledger(ledger)
