@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from harness.ledger.reader import compact
 from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
+from harness.ledger.writer import LedgerWriter
 from harness.verify import checker
-from harness.verify.assemble import compare_verdicts
+from harness.verify.assemble import MAX_WITNESS_EVENTS, MAX_WITNESSES, compare_verdicts
 from harness.verify.model import FlowContract, rules
 
 pytestmark = pytest.mark.spark
@@ -221,3 +222,31 @@ def test_engines_agree_and_find_every_injected_anomaly(
         assert len(w.events) == len(_events(i, ops[i]))
         order = [(e["ts_ns"], e["src"], e["seq"]) for e in w.events]
         assert order == sorted(order)
+
+
+def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_path: Path) -> None:
+    """More anomalies than witnesses, and a witness with more events than a chain shows."""
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as d, LedgerWriter(ledger, "worker-1") as w:
+        for i in range(MAX_WITNESSES + 100):  # orphan effects: applied, never submitted
+            w.emit(Kind.RESIDUE_EFFECT, op=f"orphan-{i:05d}")
+        d.emit(Kind.SUBMIT, op="dup-loop")
+        for attempt in range(1, MAX_WITNESS_EVENTS + 50):
+            w.emit(Kind.DELIVER, op="dup-loop", attempt=attempt)
+        w.emit(Kind.RESIDUE_EFFECT, op="dup-loop")
+        w.emit(Kind.RESIDUE_EFFECT, op="dup-loop")
+        d.emit(Kind.DOWNSTREAM, op="dup-loop")
+    compact(ledger)
+    spark, session = spark_engine
+    local = checker.check_run(tmp_path, FlowContract())
+    remote = spark.check_run(tmp_path, FlowContract(), spark=session)
+    assert compare_verdicts(local, remote) == []
+    assert remote.anomalies["orphan-effect"] == MAX_WITNESSES + 100
+    assert len(remote.witnesses) == MAX_WITNESSES
+    (loop,) = [x for x in remote.witnesses if x.op == "dup-loop"]
+    assert loop.anomaly == "duplicate-effect"
+    assert loop.summary["deliveries"] == MAX_WITNESS_EVENTS + 49  # counted over every event, not the cut chain
+    assert len(loop.events) == MAX_WITNESS_EVENTS
+    # the witnesses are the first in (class, op) order: duplicate-effect, then orphan-00000 onwards
+    assert remote.witnesses[0] == loop
+    assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(MAX_WITNESSES - 1)]
