@@ -298,7 +298,7 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
     ]
     shows = [F.when(F.col(c) == 1, F.lit(-2 - ANOMALY_CLASSES.index(cls))) for cls, c in flags.items()]
     w_col = F.array(F.lit(-1), *hits, *shows)
-    rows = summary.select(F.explode(F.filter(w_col, lambda x: x.isNotNull())).alias("w"), "*")
+    rows = summary.select(F.explode(F.array_except(w_col, F.array(F.lit(None).cast("int")))).alias("w"), "*")
     w, d = F.col("w"), F.col("deliveries")
     capped = F.least(d, F.lit(DELIVERY_HIST_CAP))
     aggs = [F.count(F.lit(1)).alias("ops"), F.sum("events").alias("events")]
@@ -312,10 +312,10 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
         F.max("lat_us").alias("lat_max"),
         F.sum("skew").alias("skew"),
     ]
-    aggs += [F.sum(F.when(capped == k, 1).otherwise(0)).alias(f"h{k}") for k in range(DELIVERY_HIST_CAP + 1)]
     aggs.append(F.bit_or(F.when(w <= -2, F.expr("shiftleft(1L, int(op_id % 64))"))).alias("bits"))
     key = F.when(w == -1, F.col("lat_bucket")).when(w <= -2, F.expr("op_id div 64")).alias("k")
-    grouped = rows.groupBy("w", key).agg(*aggs)
+    # deliveries per op (capped) is a third key of the base rows, not eleven conditional sums
+    grouped = rows.groupBy("w", key, F.when(w == -1, capped).alias("h")).agg(*aggs)
     in_order = Window.partitionBy(w <= -2).orderBy(w.desc(), "k")
     kept = grouped.withColumn("_n", F.row_number().over(in_order)).where((w >= -1) | (F.col("_n") <= MAX_WITNESSES))
     return [r.asDict() for r in kept.drop("_n").collect()]
@@ -398,7 +398,12 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
     for r in writer_rows:
         writers[(r["src"], int(r["pid"]), r["kind"], True)] = (int(r["n"]), int(r["lo"]), int(r["hi"]))
     lat_rows = [r for r in rows if r["k"] is not None]
-    hist = {k: total(f"h{k}") for k in range(DELIVERY_HIST_CAP + 1)}
+    hist: dict[int, int] = {}
+    latency: dict[int, int] = {}
+    for r in rows:
+        hist[int(r["h"])] = hist.get(int(r["h"]), 0) + int(r["ops"])
+        if r["k"] is not None:
+            latency[int(r["k"])] = latency.get(int(r["k"]), 0) + int(r["ops"])
     overlays = {
         int(r["w"]): {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
         | {cls: int(r[c]) for cls, c in flags.items()}
@@ -414,8 +419,8 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
         redelivered_ops=total("redelivered_ops"),
         max_deliveries=max((int(r["max_deliveries"]) for r in rows), default=0),
         duplicate_downstream=total("dup_down"),
-        deliveries_hist={k: v for k, v in hist.items() if v},
-        latency_hist={int(r["k"]): int(r["ops"]) for r in lat_rows},
+        deliveries_hist={k: hist[k] for k in sorted(hist) if hist[k]},
+        latency_hist=latency,
         latency_max_us=max((int(r["lat_max"]) for r in lat_rows), default=None),
         clock_skew_ops=total("skew"),
         overlays=overlays,
