@@ -7,10 +7,11 @@ follow Spark's bucketed-table convention (``..._{bucket:05d}.parquet``, bucket =
 ``op_bucket`` and plans the per-operation group-by without a shuffle. Any reader that ignores the
 convention (pyarrow, ``read_ledger``) simply sees one dataset.
 
-Two more derived columns make the per-operation work cheap for an engine: ``op_id`` (int64, the
-operation's rank among the run's operation ids in string order, null without one), so grouping
-and ordering compare integers, not strings; and ``kind_code`` (int8, the kind's position in
-``Kind``, -1 for a kind this version does not know), so counting kinds compares integers too.
+Three more derived columns let an engine group and count by integers instead of strings:
+``op_id`` (int64, the operation's rank among the run's operation ids in string order, null
+without one), so grouping and ordering compare integers; ``kind_code`` (int8, the kind's position
+in ``Kind``, -1 for a kind this version does not know); and ``src_code`` (int32, the writer name's
+index in the ``srcs`` list of ``_layout.json``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,13 +31,14 @@ from harness.ledger.schema import ARROW_SCHEMA, SCHEMA_VERSION, Kind
 
 OP_BUCKETS = 1024  # range of the op_bucket column; file buckets are a coarser hash of it
 LAYOUT_NAME = "_layout.json"
-LAYOUT_VERSION = 2  # 2: op_id and kind_code
+LAYOUT_VERSION = 2  # 2: op_id, kind_code, src_code
 PARQUET_SCHEMA = pa.schema(
     [
         *ARROW_SCHEMA,
         pa.field("op_bucket", pa.int32(), nullable=False),
         pa.field("op_id", pa.int64()),
         pa.field("kind_code", pa.int8(), nullable=False),
+        pa.field("src_code", pa.int32(), nullable=False),
     ]
 )
 KIND_CODES: dict[str, int] = {str(k): i for i, k in enumerate(Kind)}
@@ -96,6 +99,7 @@ class BucketWriter:
         self.root = root
         self.n_buckets = n_buckets
         self._map = file_bucket_table(n_buckets)
+        self._srcs: dict[str, int] = {}  # writer name -> src_code, in the order first seen
         root.mkdir(parents=True, exist_ok=True)
         self._writers = [
             pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd") for b in range(n_buckets)
@@ -104,9 +108,13 @@ class BucketWriter:
     def write(self, table: pa.Table) -> None:
         """Append ``table`` (sorted by op, with ``op_bucket`` and ``op_id``) split into its buckets.
 
-        Keeps each op whole; adds ``kind_code``.
+        Keeps each op whole; adds ``kind_code`` and ``src_code``.
         """
+        for name in pc.unique(table["src"]).to_pylist():
+            self._srcs.setdefault(name, len(self._srcs))
+        srcs = pc.index_in(table["src"], value_set=pa.array(list(self._srcs), pa.string()))
         table = table.append_column("kind_code", kind_codes(table["kind"]))
+        table = table.append_column("src_code", srcs.cast(pa.int32()))
         files = self._map[table["op_bucket"].to_numpy()]
         order = np.argsort(files, kind="stable")
         bounds = np.searchsorted(files[order], np.arange(self.n_buckets + 1))
@@ -125,14 +133,15 @@ class BucketWriter:
             "bucket_column": "op_bucket",
             "op_buckets": OP_BUCKETS,
             "events": events,
+            "srcs": list(self._srcs),
         }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
 
 
-def read_layout(root: Path) -> dict[str, int] | None:
+def read_layout(root: Path) -> dict[str, Any] | None:
     """Return the layout metadata of a bucketed ``events.parquet`` directory, or None."""
     meta = root / LAYOUT_NAME
     if not meta.is_file():
         return None
-    raw: dict[str, int] = json.loads(meta.read_text())
+    raw: dict[str, Any] = json.loads(meta.read_text())
     return raw

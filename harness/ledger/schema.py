@@ -22,8 +22,9 @@ detail        string     JSON object with anything else
 ============  =========  ==============================================================
 
 Segments are JSON lines (one file per writer process, see ``writer.py``); ``compact`` turns them
-into ``events.parquet/``: hash buckets of ``op`` sorted by (op, ts_ns), with one extra int32
-column ``op_bucket`` (see ``layout.py``), so engines group by operation without a shuffle.
+into ``events.parquet/``: hash buckets of ``op`` sorted by (op, ts_ns), with the extra columns
+``op_bucket``, ``op_id`` and ``kind_code`` (see ``layout.py``), so engines group by operation
+without a shuffle and by integers.
 
 Version 2 (this one) adds the kinds ``prepare`` and ``abort_prepared`` (2-phase messages) and the
 bucketed compacted layout; version-1 segments read unchanged. Later additions that need no

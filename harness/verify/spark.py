@@ -184,14 +184,15 @@ def to_spark(pred: Pred) -> Column:
     return reduce((lambda a, b: a & b) if isinstance(pred, AllOf) else (lambda a, b: a | b), cols)
 
 
-def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str]:
-    """Return the events as a bucketed table, and the temporary table's name to drop afterwards.
+def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
+    """Return the events as a bucketed table, the temporary table's name to drop afterwards, and
+    the writer names (``src_code`` -> ``src``).
 
     A ledger compacted by an older layout (without ``op_id``) is compacted again from its segments.
     """
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
-    if layout is None or layout.get("layout", 1) < LAYOUT_VERSION:
+    if layout is None or layout.get("layout", 1) < LAYOUT_VERSION or "srcs" not in layout:
         if not (ledger_dir / "segments").is_dir():
             found = "an older compacted layout" if parquet.exists() else "no ledger"
             raise ConfigError(
@@ -208,7 +209,7 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str]:
         f"CREATE TABLE {name} ({SPARK_DDL}) USING parquet CLUSTERED BY (op_bucket) "
         f"INTO {int(layout['n_buckets'])} BUCKETS LOCATION '{parquet.resolve().as_uri()}'"
     )
-    return spark.table(name), name
+    return spark.table(name), name, list(layout["srcs"])
 
 
 def per_key_counts(events: DataFrame) -> DataFrame:
@@ -370,24 +371,16 @@ def _witnesses(events: DataFrame, rows_all: list[dict[str, Any]], windows: list[
     return build_witnesses(flagged, by_op, windows)
 
 
-def _writers(events: DataFrame) -> list[dict[str, Any]]:
-    """Return (src, pid, kind) -> count and lowest and highest seq."""
-    # no op column here: reading 10M op strings just for a null check doubles this scan
-    rows = (
-        events.groupBy("src", "pid", "kind_code")
-        .agg(F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi"))
-        .collect()
-    )
+def _writers(events: DataFrame, srcs: list[str]) -> list[dict[str, Any]]:
+    """Return (src, pid, kind) -> count and lowest and highest seq, grouping by integer codes."""
+    counts = [F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi")]
+    rows = events.groupBy("src_code", "pid", "kind_code").agg(*counts).collect()
     names = list(KIND_CODES)
-    out = [r.asDict() | {"kind": names[r["kind_code"]]} for r in rows if r["kind_code"] >= 0]
-    if len(out) < len(rows):  # kinds this version does not know: count them under their own names
+    known = [r for r in rows if r["kind_code"] >= 0]
+    out = [r.asDict() | {"src": srcs[r["src_code"]], "kind": names[r["kind_code"]]} for r in known]
+    if len(known) < len(rows):  # kinds this version does not know: count them under their own names
         unknown = events.where(F.col("kind_code") < 0).groupBy("src", "pid", "kind")
-        out += [
-            r.asDict()
-            for r in unknown.agg(
-                F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi")
-            ).collect()
-        ]
+        out += [r.asDict() for r in unknown.agg(*counts).collect()]
     return out
 
 
@@ -449,7 +442,7 @@ def check_events(
         phases[name] = round(now - clock, 3)
         clock = now
 
-    events, table = load_events(spark, ledger_dir)
+    events, table, srcs = load_events(spark, ledger_dir)
     try:
         fault_rows = [
             r.asDict()
@@ -459,7 +452,7 @@ def check_events(
         ]
         windows, unmatched = pair_fault_windows(fault_rows)
         lap("faults_s")
-        writers = _writers(events)
+        writers = _writers(events, srcs)
         lap("writers_s")
         summary, flags = summarize(events, contract)
         rows = _aggregate(summary, flags, windows)

@@ -250,3 +250,17 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
     # the witnesses are the first in (class, op) order: duplicate-effect, then orphan-00000 onwards
     assert remote.witnesses[0] == loop
     assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(MAX_WITNESSES - 1)]
+
+
+def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spark = pytest.importorskip("harness.verify.spark")
+    monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
+    monkeypatch.delenv(spark.CDS_DUMP_ENV, raising=False)
+    archive = spark.class_archive()
+    assert archive.parent == tmp_path / "spark"
+    assert "SharedArchiveFile" not in spark._java_options()  # none recorded yet: plain JVM
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"recorded")
+    assert f"-XX:SharedArchiveFile={archive}" in spark._java_options()
+    monkeypatch.setenv(spark.CDS_DUMP_ENV, str(tmp_path / "training.jsa"))  # the training run records
+    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'training.jsa'}" in spark._java_options()

@@ -66,7 +66,7 @@ def test_compact_writes_buckets_that_keep_each_op_whole(tmp_path: Path) -> None:
     assert len(seen) == 51  # 50 ops + the null op of the fault event
 
 
-def test_compact_numbers_ops_in_id_order_and_codes_kinds(tmp_path: Path) -> None:
+def test_compact_numbers_ops_in_id_order_and_codes_kinds_and_writers(tmp_path: Path) -> None:
     out = compact(_write_small(tmp_path))
     assert (read_layout(out) or {}).get("layout") == 2
     table = pq.read_table(out, columns=["op", "op_id", "kind", "kind_code"])
@@ -77,6 +77,10 @@ def test_compact_numbers_ops_in_id_order_and_codes_kinds(tmp_path: Path) -> None
     assert [i for _, i in named] == list(range(50))
     kinds = list(Kind)
     assert all(kinds[c] == k for k, c in zip(table["kind"].to_pylist(), table["kind_code"].to_pylist(), strict=True))
+    srcs = (read_layout(out) or {})["srcs"]
+    codes = pq.read_table(out, columns=["src", "src_code"]).to_pylist()
+    assert sorted(srcs) == ["driver", "sink"]
+    assert all(srcs[r["src_code"]] == r["src"] for r in codes)
 
 
 def test_read_ledger_is_the_same_before_and_after_compaction(tmp_path: Path) -> None:
