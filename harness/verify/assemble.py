@@ -159,7 +159,6 @@ def build_stats(agg: Aggregates, windows: list[FaultWindow], unmatched_ends: int
 
 def _chain_event(row: dict[str, Any], windows: list[FaultWindow]) -> dict[str, Any]:
     row = dict(row)
-    row.pop("op_bucket", None)
     row["detail"] = json.loads(row.get("detail") or "{}")
     out = {k: v for k, v in row.items() if v not in (None, {})}
     active = [w.fault for w in windows if w.start_ns <= row["ts_ns"] <= w.end]

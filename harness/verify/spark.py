@@ -339,6 +339,9 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return out[:MAX_WITNESSES]
 
 
+WITNESS_COLUMNS = (*COUNTS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
+
+
 def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     """Return op_id -> the operation's first ``MAX_WITNESS_EVENTS`` events, each with its summary counts.
 
@@ -351,7 +354,7 @@ def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[st
     order = Window.partitionBy("op_id").orderBy("ts_ns", "src", "seq")
     whole = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     measures = op_measures()
-    counted = [measures[n].over(whole).alias(f"_{n}") for n in (*COUNTS, "first_ns", "last_ns")]
+    counted = [measures[n].over(whole).alias(f"_{n}") for n in WITNESS_COLUMNS]
     rows = chosen.select(*COLUMNS, "op_id", F.row_number().over(order).alias("_n"), *counted)
     chains: dict[int, list[dict[str, Any]]] = {}
     for r in rows.where(F.col("_n") <= MAX_WITNESS_EVENTS).drop("_n").collect():
@@ -365,7 +368,7 @@ def _witnesses(events: DataFrame, rows_all: list[dict[str, Any]], windows: list[
     flagged, by_op = [], {}
     for cls, op_id in pairs:
         first = chains[op_id][0]
-        counts = {n: first[f"_{n}"] for n in (*COUNTS, "first_ns", "last_ns")}
+        counts = {n: first[f"_{n}"] for n in WITNESS_COLUMNS}
         flagged.append({"anomaly": ANOMALY_CLASSES[cls], "op": first["op"], **counts})
         by_op[first["op"]] = [{k: v for k, v in e.items() if k[0] != "_" and k != "op_id"} for e in chains[op_id]]
     return build_witnesses(flagged, by_op, windows)
