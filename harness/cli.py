@@ -25,6 +25,8 @@ from harness.errors import ConfigError, TxChaosError
 # emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
 console = Console(highlight=False, emoji=False, soft_wrap=True)
 REPO = Path(__file__).resolve().parents[1]
+# How long a pytest child interrupted with us gets to heal (stop its stack) before SIGKILL.
+CHILD_HEAL_S = 120.0
 
 
 def _seed(value: str) -> int:
@@ -182,9 +184,32 @@ def _with_spark_verify() -> dict[str, str]:
     return {**os.environ, "TXCHAOS_SPARK_VERIFY": os.environ.get("TXCHAOS_SPARK_VERIFY", "1")}
 
 
+def _call(cmd: list[str], *, env: dict[str, str]) -> int:
+    """Run ``cmd`` in the repository and return its exit code; an interrupt is passed on to it.
+
+    ``subprocess.call`` answers an interrupt by SIGKILLing the child, so a pytest session holding
+    a stack would never heal. A termination signal is passed on to the child instead (Ctrl-C
+    reached it already: the terminal signals the whole group), and it gets time to heal.
+    """
+    from harness.run.signals import Terminated
+
+    child = subprocess.Popen(cmd, cwd=REPO, env=env)
+    try:
+        return child.wait()
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated):
+            child.send_signal(exc.signum)
+        try:
+            child.wait(CHILD_HEAL_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "pytest", *args.pytest_args]
-    return subprocess.call(cmd, cwd=REPO, env=_with_spark_verify())
+    return _call(cmd, env=_with_spark_verify())
 
 
 # The flagship: every ActiveMQ pattern, bad and fixed, under its faults (crash gap first).
@@ -217,7 +242,7 @@ def cmd_flagship(args: argparse.Namespace) -> int:
     ]
     if args.provider:
         cmd.append(f"--txchaos-provider={args.provider}")
-    code = subprocess.call(cmd, cwd=REPO, env=_with_spark_verify())
+    code = _call(cmd, env=_with_spark_verify())
     html = _allure_html(results, out / "allure-report")
     console.rule("flagship done")
     console.print(f"run folders: {reports_root() / 'runs'}")
@@ -324,15 +349,19 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, passthrough, extra)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from harness.run.signals import message, terminating
+
     try:
-        code: int = args.func(args)
+        # SIGTERM (a CI timeout) and SIGHUP interrupt like Ctrl-C, so every `finally` heals.
+        with terminating():
+            code: int = args.func(args)
         return code
     except TxChaosError as exc:
         # Plain stderr, never wrapped: the message names a value the user will copy.
         sys.stderr.write(f"txchaos: {type(exc).__name__}: {exc}\n")
         return exc.exit_code
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted; every process the harness started has been stopped[/]")
+    except KeyboardInterrupt as exc:
+        console.print(f"[yellow]{message(exc)}[/]")
         return 3
     except Exception:
         traceback.print_exc()

@@ -15,6 +15,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 if TYPE_CHECKING:
     from harness.run.crosscheck import SparkCrossCheck
     from harness.run.runner import RunResult
+    from harness.run.signals import Seen
     from harness.run.spec import ScenarioSpec
     from harness.stack.base import Endpoints
     from harness.stack.reset import Resetter
@@ -38,6 +40,7 @@ MARKERS = {
 }
 _RUNS = pytest.StashKey[list["RunResult"]]()
 _SPARK = pytest.StashKey["SparkCrossCheck | None"]()
+_SIGNALS = pytest.StashKey[tuple[contextlib.ExitStack, "Seen"]]()
 
 
 def _provider(value: str) -> str:
@@ -81,6 +84,33 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
     config.stash[_RUNS] = []
     config.stash[_SPARK] = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # SIGTERM (a CI timeout) and SIGHUP interrupt the session like Ctrl-C: the test's run heals in
+    # its `finally` and pytest tears the session's fixtures (the stack) down before it exits.
+    from harness.run.signals import terminating
+
+    handlers = contextlib.ExitStack()
+    seen = handlers.enter_context(terminating())
+    session.config.stash[_SIGNALS] = (handlers, seen)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Restore the signal handlers once every fixture is torn down; a terminated session exits 3."""
+    installed = session.config.stash.get(_SIGNALS, None)
+    if installed is None:
+        return
+    handlers, seen = installed
+    handlers.close()
+    if seen.signum is not None:
+        from harness.run.signals import message
+
+        session.exitstatus = 3
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"txchaos: {message(seen)}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

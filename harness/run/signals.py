@@ -1,0 +1,76 @@
+"""Make SIGTERM and SIGHUP interrupt a run the way Ctrl-C does, so healing in ``finally`` runs.
+
+A CI job that times out sends SIGTERM; a closed terminal sends SIGHUP. Python's default for both
+is to die on the spot: no ``finally`` runs, a latency toxic stays on the proxy and workers stay
+up. ``terminating()`` installs handlers that raise ``Terminated`` (a ``KeyboardInterrupt``) in the
+main thread instead, so every path that already heals on Ctrl-C heals on these too. A second
+signal while healing is ignored: interrupting the healing is what this module exists to prevent.
+
+>>> with terminating() as seen:
+...     run_the_scenario()  # a SIGTERM here raises Terminated; finally blocks heal
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A termination signal arrived; raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"terminated by {self.name}")
+
+
+class Seen:
+    """Which termination signal arrived first, if any."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+
+@contextlib.contextmanager
+def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]:
+    """Raise ``Terminated`` in the main thread on ``signals`` while inside; restore the old handlers after.
+
+    Outside the main thread (where Python cannot install handlers) this does nothing.
+    """
+    seen = Seen()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if seen.signum is not None:
+            return  # already healing: let it finish
+        seen.signum = signum
+        raise Terminated(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handle)
+        yield seen
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def message(seen: Seen | BaseException) -> str:
+    """Return the one line printed when a run was interrupted: which signal, and that all is stopped."""
+    name = seen.name if isinstance(seen, Seen | Terminated) else None
+    cause = f"terminated by {name}" if name else "interrupted"
+    return f"{cause}; every process the harness started has been stopped and every fault healed"

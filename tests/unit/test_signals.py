@@ -1,0 +1,144 @@
+"""SIGTERM and SIGHUP interrupt like Ctrl-C: `finally` heals, children are stopped, one line, exit 3.
+
+Each test runs a real process and signals it (no services needed): the `txchaos` main path, a
+pytest session with the plugin, and `txchaos test` handing the signal on to its pytest child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the process ended (code {proc.returncode}) before {path.name}:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path.name} not written in {timeout}s")
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Kill a process the old code would leave behind, so a failing test leaks nothing."""
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+# A pytest file whose session fixture stands for the stack: its teardown is the healing.
+SESSION_TEST = """
+import os, time
+from pathlib import Path
+import pytest
+
+OUT = Path({out!r})
+
+@pytest.fixture(scope="session")
+def stack():
+    (OUT / "pid").write_text(str(os.getpid()))
+    yield
+    (OUT / "stack-stopped").write_text("yes")
+
+def test_long_run(stack):
+    try:
+        (OUT / "started").write_text("yes")
+        time.sleep(60)
+    finally:
+        (OUT / "run-healed").write_text("yes")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_cli_main_heals_and_exits_3_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        import harness.cli as cli
+
+        out = Path({str(tmp_path)!r})
+
+        def long_command(args):
+            try:
+                (out / "started").write_text("yes")
+                time.sleep(60)
+            finally:
+                (out / "healed").write_text("yes")
+            return 0
+
+        cli.cmd_status = long_command
+        sys.exit(cli.main(["status"]))
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for(tmp_path / "started", proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, (out, err)
+    assert (tmp_path / "healed").exists()
+    lines = [line for line in out.splitlines() if line.strip()]
+    stopped = "every process the harness started has been stopped and every fault healed"
+    assert lines == [f"terminated by {sig.name}; {stopped}"]
+
+
+def test_pytest_session_tears_down_and_exits_3_on_sigterm(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_long.py"
+    test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(tmp_path / "started", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert (tmp_path / "run-healed").exists(), out + err
+    assert (tmp_path / "stack-stopped").exists(), out + err
+    assert proc.returncode == 3, out + err
+    assert "txchaos: terminated by SIGTERM; every process the harness started has been stopped" in out
+
+
+def test_txchaos_test_passes_sigterm_on_to_its_pytest_child(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_long.py"
+    test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "test", str(test_file), "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(tmp_path / "started", proc)
+    child = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        alive = _alive(child)
+        _reap(child)
+    assert not alive, "the pytest child outlived `txchaos test`"
+    assert (tmp_path / "stack-stopped").exists(), out + err
+    assert proc.returncode == 3, out + err
+    assert "terminated by SIGTERM" in out
