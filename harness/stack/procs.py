@@ -9,6 +9,11 @@ mechanisms make sure nothing outlives the harness:
   whose owner is gone (checked by pid *and* start time, so a reused pid is not mistaken) and
   whose process still carries the harness's tag in its environment.
 
+The files and folders a stack creates (a Postgres data folder of about 41 MB, broker data) are
+recorded the same way, in ``<cache>/procs/paths/``, *before* they are created: the reaper that
+kills a dead owner's processes also removes its paths, so a SIGKILLed run leaks nothing past
+the next start.
+
 A *detached* process (``txchaos up``) has no owner: only ``txchaos down`` stops it.
 """
 
@@ -18,13 +23,15 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from harness.paths import cache_root
 
@@ -34,6 +41,12 @@ _PR_SET_PDEATHSIG = 1
 
 def _registry() -> Path:
     path = cache_root() / "procs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _paths_registry() -> Path:
+    path = _registry() / "paths"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -117,7 +130,8 @@ def spawn(
 
     Call it from a thread that outlives the child (the main thread): PDEATHSIG fires when the
     spawning *thread* exits. ``stdin_pipe`` / ``stdout_pipe`` give the child pipes on stdin /
-    stdout (``popen.stdin`` / ``popen.stdout``; stderr still goes to the log).
+    stdout (``popen.stdin`` / ``popen.stdout``; stderr still goes to the log). A ``user`` child
+    runs with that account's uid *and* gid and no other group (see ``account``).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
@@ -131,12 +145,27 @@ def spawn(
             stderr=log if stdout_pipe else subprocess.STDOUT,
             env=full_env,
             cwd=cwd,
-            user=user,
+            **account(user),
             start_new_session=True,
             preexec_fn=preexec,
         )
     record = write_record(popen.pid, name=name, tag=tag, argv0=argv[0], detached=detached)
     return Managed(name=name, popen=popen, log_path=log_path, record=record, tag=tag)
+
+
+def account(user: str | None) -> dict[str, Any]:
+    """Return the ``subprocess`` keywords that run a child as ``user`` alone: uid, gid, no other group.
+
+    ``user=`` alone changes only the uid: a child of root would keep gid 0 and the root group,
+    and could then read and write whatever the root group can.
+
+    >>> account(None)
+    {}
+    """
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def write_record(pid: int, *, name: str, tag: str, argv0: str, detached: bool = False) -> Path:
@@ -156,6 +185,64 @@ def write_record(pid: int, *, name: str, tag: str, argv0: str, detached: bool = 
         )
     )
     return record
+
+
+def claim_paths(tag: str, paths: Sequence[Path], *, detached: bool = False) -> Path:
+    """Record ``paths`` as created under ``tag``: removed by ``release_paths`` or, once the owner is gone, the reaper.
+
+    Call it *before* creating them, so a SIGKILL between the two leaks nothing. Claiming again
+    under the same tag adds to the record.
+    """
+    owner = None if detached else os.getpid()
+    record = _paths_registry() / f"{tag.replace('/', '_')}.json"
+    known: list[str] = []
+    with contextlib.suppress(OSError, ValueError):
+        known = list(json.loads(record.read_text())["paths"])
+    wanted = known + [str(p) for p in paths if str(p) not in known]
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {"tag": tag, "owner_pid": owner, "owner_start": start_time(owner) if owner else None, "paths": wanted}
+        )
+    )
+    tmp.replace(record)  # a reaper never reads half a record
+    return record
+
+
+def claimed_tags() -> list[str]:
+    """Return the tags that hold a claim on paths now (their owner runs, or was detached)."""
+    tags = []
+    for record in sorted(_paths_registry().glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            tags.append(str(json.loads(record.read_text())["tag"]))
+    return tags
+
+
+def release_paths(tag_prefix: str) -> list[str]:
+    """Remove every path claimed under a tag starting with ``tag_prefix``, and the claims; returns the paths."""
+    removed = []
+    for record in sorted(_paths_registry().glob("*.json")):
+        try:
+            rec = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if str(rec.get("tag", "")).startswith(tag_prefix):
+            removed += _remove_claimed(record, rec)
+    return removed
+
+
+def _remove_claimed(record: Path, rec: dict[str, object]) -> list[str]:
+    paths = rec.get("paths")
+    removed = []
+    for raw in paths if isinstance(paths, list) else []:
+        path = Path(str(raw))
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path))
+    record.unlink(missing_ok=True)
+    return removed
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -187,9 +274,9 @@ def _owner_alive(rec: dict[str, object]) -> bool:
 
 
 def reap_orphans(*, include_detached_tag: str | None = None) -> list[str]:
-    """Kill every recorded process whose owner is gone; returns what was reaped.
+    """Kill every recorded process whose owner is gone, then remove its claimed paths; returns what was reaped.
 
-    ``include_detached_tag`` also reaps detached processes whose tag starts with it
+    ``include_detached_tag`` also reaps detached processes and paths whose tag starts with it
     (``txchaos down`` of a stack whose CLI process is long gone).
     """
     reaped = []
@@ -208,6 +295,15 @@ def reap_orphans(*, include_detached_tag: str | None = None) -> list[str]:
             kill_group_wait(pid)
             reaped.append(f"{rec.get('name')} pid {pid} ({tag})")
         path.unlink(missing_ok=True)
+    # Paths after processes: a live server could still be writing into its folder.
+    for record in sorted(_paths_registry().glob("*.json")):
+        try:
+            claim = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue  # being written (a .tmp is never globbed), or damaged: never guess what to delete
+        wanted = include_detached_tag is not None and str(claim.get("tag", "")).startswith(include_detached_tag)
+        if wanted or not _owner_alive(claim):
+            reaped += [f"path {p}" for p in _remove_claimed(record, claim)]
     return reaped
 
 

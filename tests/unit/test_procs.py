@@ -105,3 +105,78 @@ def test_reap_ignores_reused_pid_without_tag(tmp_path: Path) -> None:
     finally:
         innocent.kill()
         innocent.wait()
+
+
+def _dead_owner() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def _claim(registry: Path, tag: str, paths: list[Path], owner: int, owner_start: int | None) -> None:
+    (registry / "paths").mkdir(parents=True, exist_ok=True)
+    record = {"tag": tag, "owner_pid": owner, "owner_start": owner_start, "paths": [str(p) for p in paths]}
+    (registry / "paths" / f"{tag.replace('/', '_')}.json").write_text(json.dumps(record))
+
+
+def test_reap_removes_the_paths_of_a_dead_owner_and_keeps_a_live_ones(tmp_path: Path) -> None:
+    registry = Path(os.environ["TXCHAOS_CACHE"]) / "procs"
+    dead_dir, dead_file, live_dir = tmp_path / "pg-dead", tmp_path / "endpoints.json", tmp_path / "pg-live"
+    for folder in (dead_dir, live_dir):
+        (folder / "base").mkdir(parents=True)
+        (folder / "base" / "1").write_bytes(b"x" * 1024)
+    dead_file.write_text("{}")
+    _claim(registry, "stack/dead/files", [dead_dir, dead_file], _dead_owner(), 1)
+    _claim(registry, "stack/live/files", [live_dir], os.getpid(), procs.start_time(os.getpid()))
+
+    reaped = procs.reap_orphans()
+
+    assert not dead_dir.exists()
+    assert not dead_file.exists()
+    assert f"path {dead_dir}" in reaped
+    assert live_dir.exists(), "a running owner's folder was removed"
+    assert procs.claimed_tags() == ["stack/live/files"]
+
+
+def test_claim_then_release_removes_everything_claimed(tmp_path: Path) -> None:
+    made = [tmp_path / "a", tmp_path / "b.json"]
+    procs.claim_paths("stack/s1/files", made[:1])
+    procs.claim_paths("stack/s1/files", made[1:])  # a second claim adds to the first
+    made[0].mkdir()
+    made[1].write_text("{}")
+    assert sorted(procs.release_paths("stack/s1/")) == sorted(str(p) for p in made)
+    assert not any(p.exists() for p in made)
+    assert procs.claimed_tags() == []
+
+
+def test_detached_claim_survives_reaping_until_down(tmp_path: Path) -> None:
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    procs.claim_paths("stack/up1/files", [folder], detached=True)
+    procs.reap_orphans()
+    assert folder.exists(), "a `txchaos up` stack lost its folder to another run's start"
+    procs.reap_orphans(include_detached_tag="stack/up1/")
+    assert not folder.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing account needs root")
+def test_a_server_spawned_as_another_user_keeps_no_root_group(tmp_path: Path) -> None:
+    import pwd
+
+    user = next((u for u in ("postgres", "nobody") if u in {e.pw_name for e in pwd.getpwall()}), None)
+    if user is None:
+        pytest.skip("no postgres or nobody account")
+    log = tmp_path / "s.log"
+    log.touch()
+    os.chmod(tmp_path, 0o755)
+    managed = procs.spawn(["sleep", "30"], name="sleeper", tag="test/account", log_path=log, user=user)
+    try:
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{managed.pid}/status").read_text().splitlines() if ":" in line
+        )
+        entry = pwd.getpwnam(user)
+        assert status["Uid"].split()[0] == str(entry.pw_uid)
+        assert status["Gid"].split() == [str(entry.pw_gid)] * 4, status["Gid"]
+        assert "0" not in status["Groups"].split(), f"the server kept the root group: {status['Groups']}"
+    finally:
+        procs.stop(managed, timeout=2)
