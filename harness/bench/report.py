@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+# Developer-only: benchmarks are run from a checkout and write its docs/ (a wheel ships no docs/).
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 HEADER = (
     "# Benchmarks\n\nFigures measured on the project's 2-core, 24 GiB machine. "

@@ -7,9 +7,10 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
+from harness import resources
 from harness.errors import HarnessError
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "sql"
+SQL_DIR: Path = resources.fixture("sql")
 
 
 def engine(url: str, *, pool_size: int = 2, autocommit: bool = False) -> Engine:

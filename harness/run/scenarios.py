@@ -8,20 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from harness import resources
 from harness.errors import ConfigError
 from harness.run.spec import ScenarioSpec
 
 SUFFIX = "_scenario.py"
 
 
-def scenarios_dir() -> Path:
+def scenario_dirs() -> list[Path]:
+    """Return where ``txchaos run NAME`` looks: ``./scenarios`` (a project's own, a checkout), then the built-ins."""
     here = Path.cwd() / "scenarios"
-    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "scenarios"
+    builtin = resources.scenarios_dir()
+    return [here, builtin] if here.is_dir() and here.resolve() != builtin.resolve() else [builtin]
 
 
 def available(directory: Path | None = None) -> list[str]:
-    d = directory or scenarios_dir()
-    return sorted(p.name.removesuffix(SUFFIX) for p in d.glob(f"*{SUFFIX}"))
+    dirs = [directory] if directory else scenario_dirs()
+    return sorted({p.name.removesuffix(SUFFIX) for d in dirs for p in d.glob(f"*{SUFFIX}")})
 
 
 def _load(path: Path) -> ModuleType:
@@ -37,12 +40,13 @@ def _load(path: Path) -> ModuleType:
 def resolve(target: str, seed: int, directory: Path | None = None) -> list[ScenarioSpec]:
     """Return the specs for ``NAME`` (all variants) or ``NAME:VARIANT`` at ``seed``."""
     name, _, variant = target.partition(":")
-    d = directory or scenarios_dir()
-    path = Path(name) if name.endswith(".py") else d / f"{name}{SUFFIX}"
+    dirs = [directory] if directory else scenario_dirs()
+    candidates = [Path(name)] if name.endswith(".py") else [d / f"{name}{SUFFIX}" for d in dirs]
+    path = next((c for c in candidates if c.exists()), candidates[0])
     if not path.exists():
         raise ConfigError(
-            f"no scenario {name!r} (looked for {path})",
-            hint=f"available: {', '.join(available(d)) or 'none'}; run from the repository root",
+            f"no scenario {name!r} (looked for {', '.join(map(str, candidates))})",
+            hint=f"available: {', '.join(available(directory)) or 'none'}; or pass a scenario file's path",
         )
     factory: Callable[[int], dict[str, ScenarioSpec]] | None = getattr(_load(path), "variants", None)
     if factory is None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness import resources
 from harness.errors import ConfigError, StackError
 from harness.paths import stacks_root
 from harness.stack import topology as topo
@@ -23,7 +24,7 @@ from harness.stack.base import Endpoint, Endpoints
 
 # Must equal the compose file's top-level ``name:`` (checked by compose_topology_errors).
 COMPOSE_PROJECT = "txchaos"
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+COMPOSE_FILE = resources.compose_file()
 # Proxy ports are published on loopback only; Kafka advertises this host too, as the local provider does.
 PUBLISHED_HOST = "127.0.0.1"
 SERVICE_NAMES: tuple[str, ...] = tuple(s.name for s in topo.SERVICES)

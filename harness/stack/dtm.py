@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from harness import resources
 from harness.errors import ConfigError
 
-CONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "dtm" / "dtm.yml"
+CONFIG = resources.fixture("dtm", "dtm.yml")
 STACK_KEYS = ("HttpPort", "GrpcPort")  # the stack owns these
 MIN_RETRY_INTERVAL_S = 10  # DTM v1.19.0 exits at start below this
 STORE_DRIVER = "boltdb"  # the stack runs no database for DTM

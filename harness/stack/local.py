@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import resources
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root, stacks_root
 from harness.stack import bootstrap, dtm, topology
@@ -37,7 +38,7 @@ from harness.stack.procs import (
 )
 from harness.stack.waits import Wait, port_open, stomp_connected
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = resources.fixtures_dir()
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
 START_TIMEOUT_S = float(os.environ.get("TXCHAOS_START_TIMEOUT", "90"))
 DATA_DIRS = ("activemq", "kafka", "dtm")  # under the stack folder; removed at stop (logs/ stays)
