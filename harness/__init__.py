@@ -2,6 +2,20 @@
 
 The public API is what ``__all__`` lists; everything else may change. Names load lazily so
 ``import harness`` (and the pytest plugin) stays cheap.
+
+What a handler takes, by the ``broker`` of its ``ScenarioSpec`` (each has a runnable example in
+docs/handlers.md):
+
+- ``"activemq"``: ``def stage(ctx: StageContext) -> None`` per message; chain stages alike.
+- ``"kafka"``: ``def stage(ctx: KafkaContext) -> None`` per record, or a ``@batch_handler`` taking
+  ``list[KafkaContext]`` that raises ``BatchFailed(index, cause)``; ``KafkaStageOptions`` keys go
+  in ``ScenarioSpec.options``.
+- ``"kafka_saga"``: Kafka stages whose ``options`` hold ``SagaOptions`` keys.
+- ``"dtm"`` and helpers: ``def main(ctx: ProcessContext) -> None``, calling ``ctx.ready()`` once it
+  serves; ``DtmClient`` talks to the DTM server at ``ctx.endpoints``.
+
+``run_scenario(spec, endpoints)`` runs any of them (in pytest, the ``txchaos_run`` fixture);
+``Schema`` brings your own tables; ``FaultWindow`` holds a fault while the flow runs.
 """
 
 from __future__ import annotations
@@ -50,19 +64,34 @@ _EXPORTS = {
     "ProcessContext": "harness.worker.process",
     "ScenarioSpec": "harness.run.spec",
     "RunResult": "harness.run.runner",
-    "run_scenario": "harness.run.runner",
+    # The dispatcher, not the ActiveMQ runner: a Kafka, saga, CQRS or DTM spec runs as it says.
+    "run_scenario": "harness.run.dispatch:run_spec",
+    "check_handlers": "harness.run.dispatch",
+    "FaultWindow": "harness.run.spec",
+    "Schema": "harness.run.schema",
+    "KafkaContext": "harness.worker.kafka_stage",
+    "BatchFailed": "harness.worker.kafka_stage",
+    "batch_handler": "harness.worker.kafka_stage",
+    "KafkaStageOptions": "harness.worker.kafka_options",
+    "SagaOptions": "harness.patterns.saga_options",
+    "DtmClient": "harness.clients.dtm",
 }
 
 __all__ = [
     "Bandwidth",
+    "BatchFailed",
     "ConfigError",
     "Crash",
+    "DtmClient",
     "Endpoint",
     "Endpoints",
+    "FaultWindow",
     "FlowContract",
     "HarnessError",
     "Helper",
     "InvariantViolation",
+    "KafkaContext",
+    "KafkaStageOptions",
     "KillBroker",
     "Kind",
     "Latency",
@@ -75,7 +104,9 @@ __all__ = [
     "ResetPeer",
     "RunResult",
     "RunSession",
+    "SagaOptions",
     "ScenarioSpec",
+    "Schema",
     "Slicer",
     "SlowClose",
     "StackError",
@@ -87,6 +118,8 @@ __all__ = [
     "Verdict",
     "Witness",
     "active",
+    "batch_handler",
+    "check_handlers",
     "check_run",
     "make_provider",
     "profile",
@@ -96,6 +129,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from harness.clients.dtm import DtmClient
     from harness.errors import ConfigError, HarnessError, InvariantViolation, StackError, TxChaosError
     from harness.faults import (
         Bandwidth,
@@ -115,22 +149,29 @@ if TYPE_CHECKING:
     from harness.ledger.writer import LedgerWriter
     from harness.machines.profiles import profile
     from harness.machines.stage import StageMachine, stage_machine
-    from harness.run.runner import RunResult, RunSession, run_scenario
-    from harness.run.spec import Crash, Helper, ScenarioSpec, Stage
+    from harness.patterns.saga_options import SagaOptions
+    from harness.run.dispatch import check_handlers
+    from harness.run.dispatch import run_spec as run_scenario
+    from harness.run.runner import RunResult, RunSession
+    from harness.run.schema import Schema
+    from harness.run.spec import Crash, FaultWindow, Helper, ScenarioSpec, Stage
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider
     from harness.stack.selection import make_provider
     from harness.verify.checker import check_run
     from harness.verify.model import FlowContract
     from harness.verify.verdict import Verdict, Witness
+    from harness.worker.kafka_options import KafkaStageOptions
+    from harness.worker.kafka_stage import BatchFailed, KafkaContext, batch_handler
     from harness.worker.process import ProcessContext
     from harness.worker.stage import StageContext
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'harness' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, _, attr = where.partition(":")
+    value = getattr(importlib.import_module(module), attr or name)
     globals()[name] = value
     return value

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from harness.errors import ConfigError
 from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
 from harness.patterns.saga_options import SagaOptions
+from harness.run.schema import Schema
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
@@ -15,17 +17,62 @@ from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStage
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 
 
-def _check_name(label: str, value: str) -> None:
-    if not _NAME.match(value):
+def _check_name(label: str, value: object) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
         raise ConfigError(
             f"{label} {value!r} is not a simple name",
             hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)",
         )
 
 
-def _check_handler(value: str) -> None:
-    if ":" not in value:
+_HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def _check_handler(value: object) -> None:
+    if not isinstance(value, str) or not _HANDLER.match(value):
         raise ConfigError(f"handler {value!r} is not an import path", hint="write it as 'package.module:function'")
+
+
+def _check_int(label: str, value: object, low: int, high: int) -> None:
+    """Refuse anything but an int in [low, high]: a bool, a float or a numeric string included."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{label}={value!r} is a {type(value).__name__}, not a whole number",
+            hint=f"write {label} as an int from {low:,} to {high:,}",
+        )
+    if not low <= value <= high:
+        raise ConfigError(f"{label}={value} is out of range", hint=f"choose {label} from {low:,} to {high:,}")
+
+
+def _check_seconds(label: str, value: object, low: float, high: float, *, above_low: bool = False) -> None:
+    """Refuse anything but a finite number of seconds in the range (nan compares false to all)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(
+            f"{label}={value!r} is not a finite number of seconds", hint=f"write {label} as a number of seconds"
+        )
+    if value < low or value > high or (above_low and value == low):
+        low_text = f"> {low}" if above_low else f">= {low}"
+        raise ConfigError(f"{label}={value} is out of range", hint=f"{label} must be {low_text} and <= {high} seconds")
+
+
+def _check_identifier(label: str, value: object) -> None:
+    # Table and column names go into SQL text quoted: a plain identifier keeps that safe.
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise ConfigError(
+            f"{label} {value!r} is not a plain SQL identifier",
+            hint="use letters, digits and '_' (not starting with a digit, at most 63 characters)",
+        )
+
+
+def _check_options(label: str, value: object) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{label} {value!r} is not a dict with string keys", hint="pass options as {'name': value}")
+
+
+def _check_items(label: str, value: object, kind: type, example: str) -> None:
+    if not isinstance(value, tuple | list | frozenset | set) or not all(isinstance(v, kind) for v in value):
+        raise ConfigError(f"{label}={value!r} is not a tuple of {kind.__name__}", hint=f"write {label}=({example},)")
 
 
 @dataclass(frozen=True)
@@ -42,6 +89,24 @@ class Crash:
     nth: int | None = None
     action: str = "kill"
     worker: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.point, str) or not self.point:
+            raise ConfigError(
+                f"crash point {self.point!r} is not a name", hint="name a crash point, e.g. 'after_db_commit'"
+            )
+        if self.op_index is not None:
+            _check_int("crash op_index", self.op_index, 0, 999_999)
+        if self.nth is not None:
+            if isinstance(self.nth, int) and not isinstance(self.nth, bool) and self.nth < 1:
+                raise ConfigError(
+                    f"crash nth={self.nth} is not a count", hint="nth counts from 1: nth=1 is the 1st hit"
+                )
+            _check_int("crash nth", self.nth, 1, 1_000_000)
+        if not isinstance(self.action, str):
+            raise ConfigError(f"crash action {self.action!r} is not a name", hint="use 'kill' or a redelivery name")
+        if self.worker is not None and not isinstance(self.worker, str):
+            raise ConfigError(f"crash worker {self.worker!r} is not a name", hint="name the worker, e.g. 'relay'")
 
     def describe(self, ops: list[str]) -> str:
         on = f"op {ops[self.op_index]}" if self.op_index is not None else f"hit #{self.nth}"
@@ -72,8 +137,8 @@ class FaultWindow:
                 f"fault {self.fault!r} is not a fault spec",
                 hint="use Latency(...), ResetPeer(), Partition(), KillBroker(...) from harness.faults",
             )
-        if not 0 < self.hold_s <= 120:
-            raise ConfigError(f"fault hold_s={self.hold_s} is out of range", hint="hold a fault 0-120 seconds")
+        _check_seconds("fault hold_s", self.hold_s, 0, 120, above_low=True)
+        _check_int("fault after_ops", self.after_ops, 0, 1_000_000)
         is_broker = type(self.fault).__name__ == "KillBroker"
         if not is_broker and self.target not in NETWORK_TARGETS:
             raise ConfigError(
@@ -98,6 +163,8 @@ class Stage:
     def __post_init__(self) -> None:
         _check_name("stage name", self.name)
         _check_handler(self.handler)
+        _check_int(f"stage {self.name} workers", self.workers, 1, 16)
+        _check_options(f"stage {self.name} options", self.options)
 
 
 @dataclass(frozen=True)
@@ -116,6 +183,9 @@ class Helper:
     def __post_init__(self) -> None:
         _check_name("helper name", self.name)
         _check_handler(self.handler)
+        if not isinstance(self.port, bool):
+            raise ConfigError(f"helper {self.name} port={self.port!r} is not True/False", hint="write port=True")
+        _check_options(f"helper {self.name} options", self.options)
 
 
 @dataclass(frozen=True)
@@ -130,7 +200,9 @@ class ScenarioSpec:
     name: str
     variant: str
     handler: str
-    schema: str
+    # The DDL of the tables the handlers write: a built-in name ("onepc"), a path of yours ending in
+    # ".sql" (resolved against the working directory now), or a Schema (Schema.sql("CREATE ..."), ...).
+    schema: str | Schema
     effect_table: str
     effect_column: str = "op_id"
     messages: int = 20
@@ -166,6 +238,7 @@ class ScenarioSpec:
         _check_name("scenario name", self.name)
         _check_name("scenario variant", self.variant)
         _check_handler(self.handler)
+        self._check_types()
         names = ["worker", *(s.name for s in self.chain), *(h.name for h in self.helpers)]
         if len(set(names)) != len(names):
             raise ConfigError(f"stage and helper names repeat: {names}", hint="give each stage and helper its own name")
@@ -180,17 +253,6 @@ class ScenarioSpec:
             raise ConfigError(
                 f"poison operation number(s) {bad} but the scenario sends {self.messages} messages",
                 hint=f"choose poison numbers from 0 to {self.messages - 1}",
-            )
-        if not 1 <= self.messages <= 1_000_000:
-            raise ConfigError(f"messages={self.messages} is out of range", hint="choose 1 to 1,000,000 messages")
-        if not 1 <= self.workers <= 16:
-            raise ConfigError(
-                f"workers={self.workers} is out of range", hint="choose 1 to 16 workers (the machine has 2 cores)"
-            )
-        if self.timeout_s <= 0 or self.settle_s < 0:
-            raise ConfigError(
-                f"timeout_s={self.timeout_s}, settle_s={self.settle_s}",
-                hint="timeout_s must be > 0 and settle_s >= 0 seconds",
             )
         if self.broker not in ("activemq", "kafka", "dtm", "kafka_saga", "kafka_cqrs"):
             raise ConfigError(
@@ -244,6 +306,45 @@ class ScenarioSpec:
                 f"unknown anomaly class(es) {sorted(unknown)} in expect",
                 hint=f"use classes from {', '.join(ANOMALY_CLASSES)}",
             )
+
+    def _check_types(self) -> None:
+        """Check every field's type and range, and normalise the collections and the schema."""
+        _check_int("messages", self.messages, 1, 1_000_000)
+        _check_int("workers", self.workers, 1, 16)
+        _check_int("seed", self.seed, -(2**63), 2**63 - 1)
+        _check_seconds("timeout_s", self.timeout_s, 0, 86_400, above_low=True)
+        _check_seconds("settle_s", self.settle_s, 0, 600)
+        _check_identifier("effect_table", self.effect_table)
+        _check_identifier("effect_column", self.effect_column)
+        if self.outbox_table is not None:
+            _check_identifier("outbox_table", self.outbox_table)
+        _check_options("options", self.options)
+        _check_items("crashes", self.crashes, Crash, 'Crash("after_db_commit", op_index=3)')
+        _check_items("faults", self.faults, FaultWindow, 'FaultWindow(Latency(100), target="postgres")')
+        _check_items("chain", self.chain, Stage, 'Stage("ship", "mypkg.stages:ship")')
+        _check_items("helpers", self.helpers, Helper, 'Helper("relay", "mypkg.relay:main")')
+        _check_items("points", self.points, str, '"after_reserve"')
+        _check_items("expect", self.expect, str, '"duplicate-effect"')
+        _check_items("poison", self.poison, int, "3")
+        if not isinstance(self.contract, FlowContract):
+            raise ConfigError(f"contract {self.contract!r} is not a FlowContract", hint="pass FlowContract(...)")
+        if not isinstance(self.broker, str) or not isinstance(self.description, str):
+            raise ConfigError(f"broker {self.broker!r} or description is not text", hint="write them as strings")
+        # A list or set where a tuple/frozenset is declared would make the frozen spec mutable.
+        for name, kind in (
+            ("crashes", tuple),
+            ("faults", tuple),
+            ("chain", tuple),
+            ("helpers", tuple),
+            ("points", tuple),
+            ("expect", frozenset),
+            ("poison", frozenset),
+        ):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+        requires = [("effect_table", self.effect_table, self.effect_column)]
+        if self.outbox_table is not None:
+            requires += [("outbox_table", self.outbox_table, "op_id"), ("outbox_table", self.outbox_table, "sent_at")]
+        object.__setattr__(self, "schema", Schema.of(self.schema).requiring(*requires))
 
     @property
     def label(self) -> str:

@@ -21,6 +21,7 @@ from harness.worker.zygote import serve
 def run_spec(spec_path: Path) -> None:
     """Run the worker ``spec_path`` describes until it stops (or is killed)."""
     spec = WorkerSpec.load(spec_path)
+    spec.use_driver_path()
     if spec.kind == "process":
         run_process(spec)
     elif spec.kind == "kafka":

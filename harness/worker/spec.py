@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+def driver_path() -> list[str]:
+    """Return this process's ``sys.path`` with every entry absolute ('' is the working directory).
+
+    Made in the driver, it carries what pytest added (the rootdir, the ``pythonpath`` ini, the
+    test folders) to a worker, which may be forked from a server started elsewhere.
+    """
+    return [os.path.abspath(p or os.curdir) for p in sys.path]
 
 
 @dataclass(frozen=True)
@@ -16,6 +28,8 @@ class WorkerSpec:
     calls ``handler(ProcessContext)`` once, for helpers of a pattern that are not stages (an
     outbox relay, an HTTP service the stage calls); ``kind="kafka"`` runs ``handler`` per record
     in the Kafka stage runtime, where the queues are topics (``harness.worker.kafka_stage``).
+    ``sys_path`` is the driver's import path at the time the spec was made: the worker imports
+    ``handler`` with it, as the test did.
     """
 
     name: str
@@ -27,6 +41,12 @@ class WorkerSpec:
     output_queue: str | None
     options: dict[str, Any] = field(default_factory=dict)
     kind: str = "stage"
+    sys_path: list[str] = field(default_factory=driver_path)
+
+    def use_driver_path(self) -> None:
+        """Put the driver's import path first in this process's, so ``handler`` imports as it did there."""
+        sys.path[:] = [*self.sys_path, *(p for p in sys.path if p not in self.sys_path)]
+        importlib.invalidate_caches()  # a folder listed before the user's module was written
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2))

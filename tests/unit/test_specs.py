@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from harness import ConfigError, Crash, ScenarioSpec
@@ -37,6 +39,23 @@ def spec(**kw: object) -> ScenarioSpec:
         ({"crashes": (Crash("relay_after_send", op_index=1),)}, "relay_after_send", "after_db_commit"),
         ({"poison": frozenset({3, 25})}, "[25]", "from 0 to 19"),
         ({"chain": (Stage("worker", "m:f"),)}, "repeat", "its own name"),
+        # Issue 12 finding 8: each was accepted, or failed with a raw TypeError, until a run began.
+        ({"timeout_s": float("nan")}, "timeout_s=nan", "number of seconds"),
+        ({"timeout_s": float("inf")}, "timeout_s=inf", "number of seconds"),
+        ({"settle_s": float("nan")}, "settle_s=nan", "number of seconds"),
+        ({"settle_s": -1}, "settle_s=-1", ">= 0"),
+        ({"messages": "20"}, "messages='20'", "as an int"),
+        ({"messages": 20.0}, "messages=20.0", "as an int"),
+        ({"workers": True}, "workers=True", "as an int"),
+        ({"workers": 1.5}, "workers=1.5", "as an int"),
+        ({"seed": "7"}, "seed='7'", "as an int"),
+        ({"effect_table": 'orders"; DROP TABLE x; --'}, "DROP TABLE", "plain SQL identifier"),
+        ({"effect_column": "op id"}, "'op id'", "plain SQL identifier"),
+        ({"options": ["batch", 5]}, "['batch', 5]", "{'name': value}"),
+        ({"crashes": Crash("after_db_commit", op_index=1)}, "crashes=Crash(", "crashes=(Crash("),
+        ({"expect": "duplicate-effect"}, "expect='duplicate-effect'", 'expect=("duplicate-effect",)'),
+        ({"handler": "orders.handlers:"}, "'orders.handlers:'", "package.module:function"),
+        ({"handler": "orders handlers:naive"}, "'orders handlers:naive'", "package.module:function"),
     ],
 )
 def test_bad_spec_names_value_and_fix(kw: dict[str, object], named: str, fix: str) -> None:
@@ -83,3 +102,51 @@ def test_fault_windows_are_checked_before_any_service_starts() -> None:
         spec(messages=20, faults=(FaultWindow(Latency(100), after_ops=30, target="postgres"),))
     with pytest.raises(ConfigError, match="not a fault spec"):
         FaultWindow("latency", target="postgres")
+
+
+@pytest.mark.parametrize(
+    ("make", "named", "fix"),
+    [
+        (lambda: Crash("after_db_commit", nth=0), "nth=0", "counts from 1"),
+        (lambda: Crash("after_db_commit", nth=-2), "nth=-2", "counts from 1"),
+        (lambda: Crash("after_db_commit", nth=1.0), "nth=1.0", "as an int"),
+        (lambda: Crash("after_db_commit", op_index=-1), "op_index=-1", "from 0"),
+        (lambda: Crash("after_db_commit", op_index="3"), "op_index='3'", "as an int"),
+        (lambda: Crash("", op_index=1), "''", "after_db_commit"),
+        (lambda: Stage("ship", "m:f", workers=True), "workers=True", "as an int"),
+        (lambda: Stage("ship", "m:f", workers=0), "workers=0", "from 1 to 16"),
+        (lambda: Stage("ship", "m:f", options=None), "options None", "{'name': value}"),
+        (lambda: Helper("relay", "m:f", port=1), "port=1", "port=True"),
+    ],
+)
+def test_parts_refuse_bad_values_where_they_are_made(make: Callable[[], object], named: str, fix: str) -> None:
+    # Crash(nth=0) used to be caught only when the run armed it, after its workers had started.
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert named in str(info.value)
+    assert fix in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named", "fix"),
+    [
+        ({"hold_s": float("nan")}, "hold_s=nan", "number of seconds"),
+        ({"hold_s": 0}, "hold_s=0", "> 0"),
+        ({"after_ops": "3"}, "after_ops='3'", "as an int"),
+        ({"after_ops": -1}, "after_ops=-1", "from 0"),
+    ],
+)
+def test_fault_window_refuses_bad_numbers(kw: dict[str, object], named: str, fix: str) -> None:
+    from harness import Latency
+    from harness.run.spec import FaultWindow
+
+    with pytest.raises(ConfigError) as info:
+        FaultWindow(Latency(100), target="postgres", **kw)  # type: ignore[arg-type]
+    assert named in str(info.value)
+    assert fix in str(info.value)
+
+
+def test_lists_become_tuples_so_a_frozen_spec_stays_frozen() -> None:
+    s = spec(crashes=[Crash("after_db_commit", op_index=3)], expect={"duplicate-effect"})
+    assert s.crashes == (Crash("after_db_commit", op_index=3),)
+    assert s.expect == frozenset({"duplicate-effect"})
