@@ -24,7 +24,8 @@ from harness.errors import ConfigError, TxChaosError
 
 # emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
 console = Console(highlight=False, emoji=False, soft_wrap=True)
-REPO = Path(__file__).resolve().parents[1]
+# Where `test` and `flagship` run pytest: the checkout `./txchaos` ran from, else the working directory.
+REPO = Path(os.environ.get("TXCHAOS_REPO") or Path.cwd())
 # How long a pytest child interrupted with us gets to heal (stop its stack) before SIGKILL.
 CHILD_HEAL_S = 120.0
 
@@ -223,18 +224,27 @@ FLAGSHIP_SCENARIOS = (
 )
 
 
+def _flagship_files() -> list[str]:
+    """Return the flagship's scenario files: a checkout's own (``scenarios/``), else the installed package's."""
+    from harness import resources
+
+    names = [f"{name}_scenario.py" for name in FLAGSHIP_SCENARIOS]
+    if all((REPO / "scenarios" / n).is_file() for n in names):
+        return [f"scenarios/{n}" for n in names]
+    return [str(resources.scenarios_dir() / n) for n in names]
+
+
 def cmd_flagship(args: argparse.Namespace) -> int:
     from harness.paths import reports_root
 
     out = reports_root() / "flagship" / time.strftime("%Y%m%d-%H%M%S")
     results = out / "allure-results"
     console.rule("txchaos flagship: messaging patterns, naive vs fixed, under crashes, redeliveries and faults")
-    files = [f"scenarios/{name}_scenario.py" for name in FLAGSHIP_SCENARIOS]
     cmd = [
         sys.executable,
         "-m",
         "pytest",
-        *(f for f in files if (REPO / f).exists()),
+        *_flagship_files(),
         "-v",
         "-p",
         "no:cacheprovider",
@@ -260,7 +270,7 @@ def _allure_html(results: Path, out: Path) -> Path | None:
     except BootstrapError:
         allure = None
     if not allure or not results.is_dir():
-        console.print("[yellow]no Allure command line: HTML report skipped (run ./txchaos to install it)[/]")
+        console.print("[yellow]no Allure command line: HTML report skipped (run `txchaos install`)[/]")
         return None
     return generate_html(Path(allure), results, out)
 
@@ -273,6 +283,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if html:
         console.print(f"report: {html}")
     return 0 if html else 3
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from harness.stack.bootstrap import install
+
+    return install(verify=args.verify)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -294,6 +310,12 @@ def _forward(module: str, func: str) -> Callable[[argparse.Namespace], int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="txchaos", description="Chaos harness for transactional messaging.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "install", help="install the services (Postgres, jars, Toxiproxy, DTM, Allure) into the cache; idempotent"
+    )
+    p.add_argument("--verify", action="store_true", help="hash every installed file again; reinstall what changed")
+    p.set_defaults(func=cmd_install)
 
     p = sub.add_parser("up", help="start a stack and keep it running; prints the endpoints")
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)

@@ -1,6 +1,7 @@
 """Install what the local stack needs, idempotently, into a cache under the user's home.
 
-Standard library only: ``./txchaos`` runs this file before the project's virtualenv exists.
+Standard library only: ``./txchaos`` runs this file before the project's virtualenv exists, and
+``txchaos install`` (the installed package, no checkout) calls ``install`` for the same services.
 
 - the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes;
 - Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
@@ -9,7 +10,10 @@ Standard library only: ``./txchaos`` runs this file before the project's virtual
 - the DTM server built with ``go build`` at a pinned release (Go caches kept under the cache);
 - the Allure command line from the npm registry, for offline HTML reports.
 
-Each missing tool gives one line: what is missing and how to get it.
+Each missing tool gives one line: what is missing and how to get it. The cache's integrity is
+recorded in ``<cache>/manifest.json`` (size and sha256 of every installed file): ``load_tools``
+checks presence and sizes before every stack start, ``txchaos install --verify`` the hashes, and
+``txchaos install`` reinstalls just the damaged component.
 
 Run as a script, this file's folder is ``sys.path[0]``: no module beside it may share a name
 with a standard library module (``tests/unit/test_architecture.py`` checks).
@@ -18,6 +22,8 @@ with a standard library module (``tests/unit/test_architecture.py`` checks).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,10 +33,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+if not __package__:
+    # Run as a script from a checkout (developer-only): make the stdlib-only `harness` modules
+    # (harness.resources, harness.reporting.allure_cli) importable before the virtualenv exists.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 TOXIPROXY_VERSION = "v2.12.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
@@ -39,8 +50,12 @@ DTM_MODULE = "github.com/dtm-labs/dtm"
 JAVA_MIN = 17
 
 
+INSTALL = "`txchaos install`"
+MANIFEST_VERSION = 1
+
+
 class BootstrapError(Exception):
-    """A tool is missing or failed to install; the message says how to get it."""
+    """A tool is missing or failed to install, or the cache is damaged; the message says how to fix it."""
 
 
 def cache_root() -> Path:
@@ -69,9 +84,14 @@ def _run(cmd: list[str], *, what: str, env: dict[str, str] | None = None, cwd: P
         raise BootstrapError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
 
 
+_PREFIX = ["txchaos bootstrap"]  # `txchaos install` says "txchaos install"
+_SAID = [0]  # progress lines printed: none during an install means everything was in place
+
+
 def _say(text: str) -> None:
     """Print a progress line before a step that does real work (minutes on a fresh machine)."""
-    print(f"txchaos bootstrap: {text}", file=sys.stderr, flush=True)
+    _SAID[0] += 1
+    print(f"{_PREFIX[0]}: {text}", file=sys.stderr, flush=True)
 
 
 def _is_root() -> bool:
@@ -80,7 +100,9 @@ def _is_root() -> bool:
 
 def _apt_install(package: str) -> None:
     if not _is_root():
-        raise BootstrapError(f"missing Debian package {package}: run `sudo apt-get install -y {package}`")
+        raise BootstrapError(
+            f"missing Debian package {package}: run `sudo apt-get install -y {package}`, then {INSTALL}"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     _say(f"installing the Debian package {package}...")
     _run(["apt-get", "update", "-q"], what="apt-get update", env=env)
@@ -90,7 +112,7 @@ def _apt_install(package: str) -> None:
 def _need(cmd: str, how: str) -> str:
     found = shutil.which(cmd)
     if not found:
-        raise BootstrapError(f"missing `{cmd}`: {how}")
+        raise BootstrapError(f"missing `{cmd}`: {how}; then run {INSTALL} again")
     return found
 
 
@@ -100,7 +122,8 @@ def ensure_java() -> str:
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
     match = re.search(r'version "(\d+)', out)
     if not match or int(match.group(1)) < JAVA_MIN:
-        raise BootstrapError(f"java is too old ({out.splitlines()[0] if out else 'unknown'}): install JDK 17+")
+        found = out.splitlines()[0] if out else "unknown"
+        raise BootstrapError(f"java is too old ({found}): install JDK 17+, then run {INSTALL} again")
     return java
 
 
@@ -116,7 +139,10 @@ def ensure_postgres() -> str:
         _apt_install("postgresql")
         found = find()
     if found is None:
-        raise BootstrapError("postgres server binaries not found under /usr/lib/postgresql after install")
+        raise BootstrapError(
+            f"postgres server binaries not found under /usr/lib/postgresql after installing the Debian package "
+            f"postgresql: install it by hand, then run {INSTALL} again"
+        )
     return str(found)
 
 
@@ -127,11 +153,133 @@ def _digest(*paths: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def ensure_jars(name: str) -> str:
-    """Return a directory holding the runtime jars resolved from ``fixtures/jars/<name>/pom.xml``."""
-    pom = REPO / "fixtures" / "jars" / name / "pom.xml"
+# -- the cache's integrity manifest ---------------------------------------------------------------
+# A file gone from the cache (a jar deleted by a cleaner, a truncated binary) used to surface as a
+# Java "Transport scheme NOT recognized" in a broker log. The manifest names the damaged file.
+
+# What a stack start needs (Allure only makes reports: `txchaos install` checks it, a start does not).
+REQUIRED = ("activemq jars", "kafka jars", "toxiproxy", "dtm")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files_of(target: Path) -> list[Path]:
+    if target.is_file():
+        return [target]
+    return sorted(p for p in target.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@contextlib.contextmanager
+def _manifest_lock() -> Iterator[None]:
+    """Hold the cache's manifest lock: parallel sessions may record components at the same time."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".manifest.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def read_manifest() -> dict[str, dict[str, object]] | None:
+    """Return the manifest's components (name -> {"root", "files"}), or None when there is no manifest."""
+    path = cache_root() / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        components: dict[str, dict[str, object]] = data["components"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # unreadable: every component counts as unrecorded, so `txchaos install` records it again
+    return components
+
+
+def record(component: str, target: Path) -> None:
+    """Record the size and sha256 of every file of ``target`` (a folder or a file under the cache)."""
+    root = cache_root()
+    files = {str(p.relative_to(root)): [p.stat().st_size, _sha256(p)] for p in _files_of(target)}
+    with _manifest_lock():
+        components = read_manifest() or {}
+        components[component] = {"root": str(target.relative_to(root)), "files": files}
+        path = root / "manifest.json"
+        partial = path.with_name(f"manifest.json.{os.getpid()}")
+        partial.write_text(json.dumps({"version": MANIFEST_VERSION, "components": components}, indent=1))
+        partial.replace(path)
+
+
+def damage(entry: dict[str, object], *, full: bool) -> str | None:
+    """Return what is wrong with a recorded component ("<file> missing" / "<file> changed"), or None.
+
+    Without ``full`` only presence and sizes are checked (a stat per file, about a millisecond);
+    ``full`` hashes every file again.
+    """
+    root = cache_root()
+    files = entry.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{entry.get('root', '?')} has no recorded files"
+    for rel, (size, digest) in files.items():
+        path = root / rel
+        if not path.is_file():
+            return f"{rel} missing"
+        if path.stat().st_size != size or (full and _sha256(path) != digest):
+            return f"{rel} changed"
+    return None
+
+
+def _damaged(problem: str) -> BootstrapError:
+    return BootstrapError(f"the txchaos cache at {cache_root()} is damaged ({problem}): run {INSTALL} to reinstall")
+
+
+def verify_cache(*, full: bool = False, components: tuple[str, ...] = REQUIRED) -> None:
+    """Raise BootstrapError naming the first missing or changed file of ``components``."""
+    recorded = read_manifest()
+    if recorded is None:
+        raise BootstrapError(
+            f"the txchaos cache at {cache_root()} has no manifest.json (installed by an older txchaos): "
+            f"run {INSTALL} to check and record it"
+        )
+    for component in components:
+        entry = recorded.get(component)
+        problem = f"{component} not recorded" if entry is None else damage(entry, full=full)
+        if problem:
+            raise _damaged(problem)
+
+
+def _intact(component: str, target: Path, done: Path, *, verify: bool) -> bool:
+    """Return True when ``target`` is installed (``done`` exists) and matches the manifest.
+
+    An install that predates the manifest is recorded as it is. A damaged one is removed, so the
+    caller installs it again: only that component, the rest of the cache stays.
+    """
+    if not done.exists():
+        return False
+    entry = (read_manifest() or {}).get(component)
+    if entry is None or entry.get("root") != str(target.relative_to(cache_root())):
+        _say(f"recording the checksums of the installed {component}...")
+        record(component, target)
+        return True
+    problem = damage(entry, full=verify)
+    if problem is None:
+        return True
+    _say(f"{component} damaged in the cache ({problem}): reinstalling only that")
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    return False
+
+
+def ensure_jars(name: str, *, verify: bool = False) -> str:
+    """Return a directory holding the runtime jars resolved from the shipped ``fixtures/jars/<name>/pom.xml``."""
+    from harness import resources
+
+    pom = resources.fixture("jars", name, "pom.xml")
     dest = cache_root() / "jars" / f"{name}-{_digest(pom)}"
-    if (dest / ".complete").exists():
+    if _intact(f"{name} jars", dest, dest / ".complete", verify=verify):
         return str(dest)
     if not shutil.which("mvn"):
         _apt_install("maven")
@@ -154,13 +302,14 @@ def ensure_jars(name: str) -> str:
     (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
+    record(f"{name} jars", dest)
     return str(dest)
 
 
-def ensure_toxiproxy() -> str:
+def ensure_toxiproxy(*, verify: bool = False) -> str:
     """Return the Toxiproxy server binary, built with ``go install`` at the pinned tag."""
     dest = cache_root() / "bin" / f"toxiproxy-server-{TOXIPROXY_VERSION}"
-    if dest.exists():
+    if _intact("toxiproxy", dest, dest, verify=verify):
         return str(dest)
     go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); toxiproxy is built with `go install`")
     gobin = dest.parent / "gobin.partial"
@@ -171,6 +320,7 @@ def ensure_toxiproxy() -> str:
     _run([go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], what="building toxiproxy", env=env)
     (gobin / "server").rename(dest)
     shutil.rmtree(gobin, ignore_errors=True)
+    record("toxiproxy", dest)
     return str(dest)
 
 
@@ -188,14 +338,14 @@ def _go_env() -> dict[str, str]:
     )
 
 
-def ensure_dtm() -> str:
+def ensure_dtm(*, verify: bool = False) -> str:
     """Return the DTM server binary, built once at the pinned release.
 
     ``go install module@version`` needs the proxy's version list, which some mirrors refuse; a
     throwaway module that requires the pinned version and builds its main package does not.
     """
     dest = cache_root() / "bin" / f"dtm-{DTM_VERSION}"
-    if dest.exists():
+    if _intact("dtm", dest, dest, verify=verify):
         return str(dest)
     go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); the DTM server is built from source")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -211,22 +361,26 @@ def ensure_dtm() -> str:
         build = [go, "build", "-ldflags", stamp, "-o", str(partial), DTM_MODULE]
         _run(build, what="building the DTM server", env=env, cwd=work)
     partial.rename(dest)
+    record("dtm", dest)
     return str(dest)
 
 
-def ensure_allure() -> str | None:
+def ensure_allure(*, verify: bool = False) -> str | None:
     """Return the Allure command line, or None (with a warning) when npm is missing."""
-    sys.path.insert(0, str(REPO))
-    try:
-        from harness.reporting.allure_cli import ensure_allure as install
-    except ImportError:  # reporting not present in this checkout
-        return None
-    finally:
-        sys.path.pop(0)
+    from harness.reporting.allure_cli import ALLURE_VERSION, MARKER_NAME
+    from harness.reporting.allure_cli import ensure_allure as install
+
+    root = cache_root()
+    target = root / f"allure-{ALLURE_VERSION}"
+    if _intact("allure", target, target / MARKER_NAME, verify=verify):
+        return str(install(root))  # in place: returns at once
     if not shutil.which("npm"):
-        print("txchaos bootstrap: npm missing, HTML reports off (Debian: `apt-get install -y npm`)", file=sys.stderr)
+        print(f"{_PREFIX[0]}: npm missing, HTML reports off (Debian: `apt-get install -y npm`)", file=sys.stderr)
         return None
-    return str(install(cache_root()))
+    _say(f"installing the Allure command line {ALLURE_VERSION} with npm (once, about a minute)...")
+    exe = install(root)
+    record("allure", target)
+    return str(exe)
 
 
 def ensure_venv(repo: Path) -> Path:
@@ -265,58 +419,93 @@ def ensure_spark_archive(venv: Path) -> str | None:
     return archive
 
 
-def ensure_all(repo: Path, *, with_venv: bool = True) -> Tools:
-    """Install everything, print one line per component, and record the tool paths."""
-    steps: list[tuple[str, object]] = []
+def _current_venv() -> Path | None:
+    """Return the virtualenv this Python runs in (``txchaos install`` from a pip install), if any."""
+    prefix = Path(sys.prefix)
+    return prefix if sys.prefix != sys.base_prefix and (prefix / "bin" / "python").exists() else None
+
+
+def ensure_all(venv: Path | None = None, *, verify: bool = False, announce: bool = False) -> Tools:
+    """Install every service's tools into the cache, record their paths, return them.
+
+    ``venv``: also record the Spark class-data archive for that virtualenv. ``verify``: hash every
+    installed file again (a damaged component is reinstalled). ``announce``: one line per
+    component even when nothing had to be done (``txchaos install``).
+    """
     started = time.monotonic()
-    if with_venv:
-        venv = ensure_venv(repo)
-        steps += [("venv", venv), ("spark archive", ensure_spark_archive(venv))]
+    worked = _SAID[0]
+    steps: list[tuple[str, object]] = []
+    if venv is not None:
+        steps.append(("spark archive", ensure_spark_archive(venv)))
     tools = Tools(
         java=ensure_java(),
         postgres_bin=ensure_postgres(),
-        activemq_lib=ensure_jars("activemq"),
-        kafka_lib=ensure_jars("kafka"),
-        toxiproxy=ensure_toxiproxy(),
-        allure=ensure_allure(),
-        dtm=ensure_dtm(),
+        activemq_lib=ensure_jars("activemq", verify=verify),
+        kafka_lib=ensure_jars("kafka", verify=verify),
+        toxiproxy=ensure_toxiproxy(verify=verify),
+        allure=ensure_allure(verify=verify),
+        dtm=ensure_dtm(verify=verify),
     )
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     (root / "tools.json").write_text(json.dumps(asdict(tools), indent=2))
+    verbose = announce or bool(os.environ.get("TXCHAOS_BOOTSTRAP_VERBOSE"))
     for key, value in [*steps, *asdict(tools).items()]:
-        if os.environ.get("TXCHAOS_BOOTSTRAP_VERBOSE"):
-            print(f"txchaos bootstrap: {key:<13} {value}", file=sys.stderr)
+        if verbose:
+            print(f"{_PREFIX[0]}: {key:<13} {value or '-'}", file=sys.stderr)
     took = time.monotonic() - started
-    if took > 5:
-        print(f"txchaos bootstrap: ready in {took:.0f}s (cache {root})", file=sys.stderr)
+    checked = "every file hashed again, " if verify else ""
+    if announce and _SAID[0] == worked:
+        print(f"{_PREFIX[0]}: everything is in place ({checked}cache {root}, {took:.1f}s)", file=sys.stderr)
+    elif announce or took > 5:
+        print(f"{_PREFIX[0]}: ready in {took:.0f}s ({checked}cache {root})", file=sys.stderr)
     return tools
 
 
 def load_tools() -> Tools:
-    """Return the tools recorded by the last bootstrap; raise BootstrapError when there is none."""
+    """Return the tools recorded by the last install after checking the cache (presence and sizes).
+
+    Raise BootstrapError, whose message says to run ``txchaos install``, when there is none or a
+    file is missing or changed.
+    """
     path = cache_root() / "tools.json"
     if not path.exists():
-        raise BootstrapError(f"no {path}: run `./txchaos` from the repository once, or `python3 {__file__}`")
+        raise BootstrapError(f"no {path}: run {INSTALL} (from a checkout, `./txchaos` runs it too)")
     tools = Tools(**json.loads(path.read_text()))
     if not tools.dtm:
-        raise BootstrapError(f"{path} predates the DTM server: run `./txchaos` (or this bootstrap) again")
+        raise BootstrapError(f"{path} predates the DTM server: run {INSTALL} again")
     for value in (tools.java, tools.postgres_bin, tools.activemq_lib, tools.kafka_lib, tools.toxiproxy, tools.dtm):
         if not Path(value).exists():
-            raise BootstrapError(f"{value} is gone: run `./txchaos` (or this bootstrap) again to reinstall")
+            raise BootstrapError(f"{value} is gone: run {INSTALL} to reinstall")
+    verify_cache()
     return tools
 
 
+def install(*, verify: bool = False) -> int:
+    """Install the services into the cache for ``txchaos install``; return the exit code (2: a tool is missing)."""
+    _PREFIX[0] = "txchaos install"
+    try:
+        ensure_all(_current_venv(), verify=verify, announce=True)
+    except BootstrapError as exc:
+        print(f"txchaos install: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the checkout's bootstrap (``./txchaos``): the virtualenv first, then the services."""
     if sys.version_info < (3, 11):  # noqa: UP036 - runs under whatever python3 the machine has
         print(f"txchaos bootstrap: Python {sys.version.split()[0]} is too old: install Python 3.11+", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", type=Path, default=REPO)
+    # Developer-only default: the checkout that holds this file (a wheel has no checkout to bootstrap).
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
     parser.add_argument("--no-venv", action="store_true", help="only the services' tools")
+    parser.add_argument("--verify", action="store_true", help="hash every installed file again")
     args = parser.parse_args(argv)
     try:
-        ensure_all(args.repo.resolve(), with_venv=not args.no_venv)
+        venv = None if args.no_venv else ensure_venv(args.repo.resolve())
+        ensure_all(venv, verify=args.verify)
     except BootstrapError as exc:
         print(f"txchaos bootstrap: {exc}", file=sys.stderr)
         return 2

@@ -226,7 +226,7 @@ class LocalProvider:
         try:
             self._tools = bootstrap.load_tools()
         except bootstrap.BootstrapError as exc:
-            raise ConfigError(str(exc), hint="run `./txchaos` once: it installs the stack into the cache") from exc
+            raise ConfigError(str(exc), hint="run `txchaos install`: it installs the stack into the cache") from exc
         started = time.monotonic()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
