@@ -3,6 +3,8 @@
 - ``ConfigError`` (exit 2): the user's input or machine setup is wrong; raised before any service starts.
 - ``HarnessError`` (exit 3): the stack or the harness itself failed; the verdict is unknown.
 - ``InvariantViolation`` (exit 1): the system under test lost or duplicated something.
+- ``IncompleteEvidence`` (exit 4): the run folder does not hold the evidence for a full verdict
+  (the run was killed before it closed its books, or its ledger is damaged beyond repair).
 
 Every message names the bad value and says how to fix it, as a ``Hint:`` line.
 """
@@ -39,6 +41,15 @@ class StackError(HarnessError):
         self.log_tail = log_tail
         tail = f"\n--- last log lines ---\n{log_tail}" if log_tail else ""
         super().__init__(message + tail, hint=hint)
+
+
+EXIT_INCOMPLETE = 4  # also the exit code of a verdict whose outcome is "incomplete"
+
+
+class IncompleteEvidence(TxChaosError):
+    """The run folder does not hold the evidence for a full verdict; nothing is known to be wrong."""
+
+    exit_code = EXIT_INCOMPLETE
 
 
 class InvariantViolation(TxChaosError):

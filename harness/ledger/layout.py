@@ -123,7 +123,9 @@ class BucketWriter:
             if hi > lo:
                 self._writers[b].write_table(table.take(order[lo:hi]).cast(PARQUET_SCHEMA))
 
-    def close(self, events: int) -> None:
+    def close(self, events: int, *, damaged_lines: dict[str, int] | None = None) -> None:
+        """Close the bucket files and write ``_layout.json``; ``damaged_lines`` (segment -> lines
+        skipped while compacting) is recorded there so every engine reports it."""
         for w in self._writers:
             w.close()
         meta = {
@@ -134,6 +136,7 @@ class BucketWriter:
             "op_buckets": OP_BUCKETS,
             "events": events,
             "srcs": list(self._srcs),
+            "damaged_lines": dict(sorted((damaged_lines or {}).items())),
         }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
 

@@ -113,6 +113,7 @@ class DtmRunSession(RunSession):
             self._pool.stop()
             self._pool = None
             self._snapshot_books(self._engine)
+            self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
         finally:
             self._heal()
         self._result = self._verdict()

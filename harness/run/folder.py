@@ -54,6 +54,8 @@ class RunFolder:
             "python": platform.python_version(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "steps": [],
+            # True only once the end-state snapshot is in the ledger (close_books); verify reads it
+            "complete": False,
         }
         self._log_offsets = {name: p.stat().st_size for name, p in endpoints.service_logs().items()}
         self.save()
@@ -61,6 +63,16 @@ class RunFolder:
     def step(self, text: str) -> None:
         """Record a driver step: the list replays the run."""
         self.manifest.setdefault("steps", []).append(text)
+        self.save()
+
+    def close_books(self) -> None:
+        """Record that the run's end-state snapshot (effect table, residue) is in the ledger.
+
+        Call it right after the last snapshot event is emitted: a folder without it (a run killed
+        or interrupted before) verifies as ``incomplete``, not as operations lost.
+        """
+        self.manifest["complete"] = True
+        self.manifest["books_closed"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 
     def finish(self, endpoints: Endpoints, **extra: Any) -> None:

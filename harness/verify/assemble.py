@@ -203,9 +203,13 @@ def compare_verdicts(a: Verdict, b: Verdict) -> list[str]:
     """Return the differences between two engines' verdicts (empty: they agree).
 
     Compared: counts per class, the (anomaly, op) witness sets and each witness's chain and fault
-    overlay, and every statistic. Not compared: engine, timing.
+    overlay, every statistic, and what each says it could not judge (gaps, unjudged classes,
+    damaged lines). Not compared: engine, timing, notes (only the first engine repairs a ledger).
     """
     diffs: list[str] = []
+    for name in ("incomplete", "unjudged", "damaged_lines"):
+        if getattr(a, name) != getattr(b, name):
+            diffs.append(f"{name}: {getattr(a, name)!r} != {getattr(b, name)!r}")
     for c in ANOMALY_CLASSES:
         if a.anomalies.get(c, 0) != b.anomalies.get(c, 0):
             diffs.append(f"anomalies[{c}]: {a.anomalies.get(c, 0)} != {b.anomalies.get(c, 0)}")

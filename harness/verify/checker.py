@@ -24,6 +24,7 @@ from harness.verify.assemble import (
     make_verdict,
     pair_fault_windows,
 )
+from harness.verify.evidence import gather
 from harness.verify.model import (
     ANOMALY_CLASSES,
     ATTEMPT_COUNTS,
@@ -38,7 +39,7 @@ from harness.verify.model import (
     Cmp,
     FlowContract,
     Pred,
-    rules,
+    judged_rules,
 )
 from harness.verify.verdict import Verdict
 
@@ -225,14 +226,23 @@ def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def check_table(events: pa.Table, contract: FlowContract, *, scenario: str = "", seed: int | None = None) -> Verdict:
-    """Return the verdict for a ledger table."""
+def check_table(
+    events: pa.Table,
+    contract: FlowContract,
+    *,
+    scenario: str = "",
+    seed: int | None = None,
+    snapshot: bool = True,
+    intact: bool = True,
+) -> Verdict:
+    """Return the verdict for a ledger table, judging the classes ``model.judged_rules`` allows."""
     started = time.perf_counter()
     windows, unmatched = pair_fault_windows(_fault_rows(events))
     summary = summarize(events)
     if contract.per_key:
         summary = _with_per_key(summary, events)
-    hits = {cls: summary.filter(to_arrow(pred)) for cls, pred in rules(contract).items()}
+    judged = judged_rules(contract, snapshot=snapshot, intact=intact)
+    hits = {cls: summary.filter(to_arrow(pred)) for cls, pred in judged.items()}
     flagged: list[dict[str, Any]] = []
     for cls in ANOMALY_CLASSES:
         if cls in hits and len(flagged) < MAX_WITNESSES:
@@ -253,5 +263,11 @@ def check_table(events: pa.Table, contract: FlowContract, *, scenario: str = "",
 
 
 def check_run(run_dir: Path, contract: FlowContract, *, scenario: str = "", seed: int | None = None) -> Verdict:
-    """Return the verdict for the ledger in ``run_dir/ledger``."""
-    return check_table(read_ledger(run_dir / "ledger"), contract, scenario=scenario, seed=seed)
+    """Return the verdict for the ledger in ``run_dir/ledger``; an incomplete or damaged folder gets an
+    ``incomplete`` verdict that judges only what its evidence can decide (see ``evidence.py``)."""
+    evidence = gather(run_dir)
+    events = read_ledger(run_dir / "ledger")
+    verdict = check_table(
+        events, contract, scenario=scenario, seed=seed, snapshot=evidence.closed, intact=evidence.intact
+    )
+    return evidence.apply(verdict, contract)

@@ -1,7 +1,8 @@
 """Command-line entry points of issue 5: ``txchaos ledger synth`` and ``txchaos verify``.
 
 Each ``*_main(argv)`` parses its own arguments and returns the exit code, so ``harness/cli.py``
-only dispatches: 0 clean, 1 anomalies found, 2 bad input (with a ``Hint:`` line), 3 harness failure.
+only dispatches: 0 clean, 1 anomalies found, 2 bad input (with a ``Hint:`` line), 3 harness failure,
+4 incomplete (the run folder does not hold the evidence for a full verdict).
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
-from harness.errors import ConfigError, TxChaosError
+from harness.errors import EXIT_INCOMPLETE, ConfigError, TxChaosError
 from harness.verify.model import FlowContract
 from harness.verify.verdict import Verdict
+
+MAX_SYNTH_EVENTS = 1_000_000_000  # 1e9 events is about 10 GB of parquet and hours of generation
+VERDICT_FILES = {"in-process": "verdict.json", "spark": "verdict-spark.json"}  # the runner's names
 
 
 def _count(text: str) -> int:
     try:
         value = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of events (try 1e6 or 1000000)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--events must be at least 1, got {text}")
+    if not 1 <= value <= MAX_SYNTH_EVENTS:
+        raise argparse.ArgumentTypeError(
+            f"--events {text} is out of range: pass 1 to 1e9 (1e9 events already take about 10 GB of disk)"
+        )
     return value
 
 
@@ -39,11 +46,12 @@ def synth_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from harness.ledger.synth import synth_run  # numpy-heavy: import only when asked
 
-    if (args.out / "ledger").exists():
-        sys.stderr.write(f"error: {args.out} already holds a ledger\nHint: pass a new --out folder or delete it\n")
-        return 2
     started = time.perf_counter()
-    run = synth_run(args.out, args.events, args.seed, args.anomaly_rate)
+    try:
+        run = synth_run(args.out, args.events, args.seed, args.anomaly_rate)
+    except TxChaosError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
     manifest = json.loads((run / "manifest.json").read_text())
     sys.stdout.write(
         f"wrote {run} ({manifest['events']:,} events, {manifest['operations']:,} operations) "
@@ -52,21 +60,54 @@ def synth_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def contract_of(run_dir: Path) -> FlowContract:
-    """Return the flow contract recorded in the run's manifest, or the default one."""
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    """Return the run's ``manifest.json``; refuse a folder without a readable one (it holds the contract)."""
     manifest = run_dir / "manifest.json"
+    fix = (
+        "restore manifest.json from a copy of the run folder; without it the flow contract (which "
+        "operations count as lost) is unknown, and txchaos does not guess it"
+    )
     if not manifest.is_file():
-        return FlowContract()
-    meta = json.loads(manifest.read_text())
+        raise ConfigError(f"{manifest} is missing", hint=fix)
+    try:
+        meta = json.loads(manifest.read_text())
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{manifest} is not readable JSON ({exc})", hint=fix) from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{manifest} is not a JSON object", hint=fix)
+    return meta
+
+
+def contract_of(run_dir: Path) -> FlowContract:
+    """Return the flow contract recorded in the run's manifest; refuse when there is none."""
+    manifest = run_dir / "manifest.json"
+    meta = read_manifest(run_dir)
     # Synthetic runs record the contract at the top; live runs inside their scenario spec.
-    raw = meta.get("contract") or meta.get("spec", {}).get("contract") or {}
+    spec = meta.get("spec")
+    raw = meta.get("contract") or (spec.get("contract") if isinstance(spec, dict) else None)
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{manifest} records no flow contract (neither 'contract' nor 'spec.contract')",
+            hint='add the run\'s contract to the manifest, e.g. "contract": {"expects_downstream": true}; '
+            "txchaos does not guess which operations count as lost",
+        )
     # Every field: a send-money run's min_external_calls changes which operations are lost.
-    known = [f.name for f in fields(FlowContract)]
-    return FlowContract(**{k: raw[k] for k in known if k in raw})
+    known = {f.name for f in fields(FlowContract)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{manifest}: unknown contract field(s) {unknown}", hint=f"the fields are {sorted(known)}")
+    try:
+        return FlowContract(**raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{manifest}: bad contract {raw} ({exc})", hint=f"the fields are {sorted(known)}") from None
 
 
 def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = None) -> Verdict:
-    """Verify one run folder with the chosen engine and write its ``verdict.json``."""
+    """Verify one run folder with the chosen engine and write its verdict (``VERDICT_FILES``).
+
+    The manifest is required: it holds the flow contract. An interrupted or damaged folder gets a
+    verdict whose outcome is ``incomplete``.
+    """
     if not run_dir.is_dir():
         raise ConfigError(
             f"run folder {run_dir} does not exist",
@@ -78,8 +119,9 @@ def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = Non
             f"{run_dir} has no ledger/ folder",
             hint="pass a run folder (it holds ledger/segments or ledger/events.parquet)",
         )
-    manifest = run_dir / "manifest.json"
-    meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    if engine not in VERDICT_FILES:
+        raise ConfigError(f"unknown engine {engine!r}", hint="use --engine spark or --engine in-process")
+    meta = read_manifest(run_dir)
     scenario, seed, contract = str(meta.get("scenario", "")), meta.get("seed"), contract_of(run_dir)
     if meta.get("variant"):
         scenario = f"{scenario}:{meta['variant']}"
@@ -91,16 +133,19 @@ def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = Non
         from harness.verify import checker
 
         verdict = checker.check_run(run_dir, contract, scenario=scenario, seed=seed)
-    else:
-        raise ConfigError(f"unknown engine {engine!r}", hint="use --engine spark or --engine in-process")
     # The replay steps live in the manifest; a re-verification must not drop them from the verdict.
     verdict = replace(verdict, steps=tuple(meta.get("steps", ())))
-    verdict.write(run_dir / "verdict.json")
+    verdict.write(run_dir / VERDICT_FILES[engine])
     return verdict
 
 
+def exit_code(verdict: Verdict) -> int:
+    """Return the exit code of a verdict: 0 clean, 1 anomalies, 4 incomplete (whatever was found)."""
+    return {"clean": 0, "anomalies": 1}.get(verdict.outcome, EXIT_INCOMPLETE)
+
+
 def verify_main(argv: Sequence[str] | None = None) -> int:
-    """Run ``txchaos verify RUN_DIR [--engine spark|in-process] [--master URL]``; exit 0 clean, 1 anomalies."""
+    """Run ``txchaos verify RUN_DIR [--engine spark|in-process] [--master URL]``; exit as ``exit_code``."""
     parser = argparse.ArgumentParser(prog="txchaos verify", description="verify a run folder's ledger")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--engine", choices=("spark", "in-process"), default="spark")
@@ -111,6 +156,9 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     except TxChaosError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code
+    for note in verdict.notes:
+        sys.stdout.write(f"note: {note}\n")
     timing = " ".join(f"{k}={v}" for k, v in verdict.timing.items() if k in ("jvm_start_s", "job_s"))
-    sys.stdout.write(f"{verdict.headline()}  [{verdict.engine} {timing}] -> {args.run_dir / 'verdict.json'}\n")
-    return 0 if verdict.clean else 1
+    out = args.run_dir / VERDICT_FILES[verdict.engine]
+    sys.stdout.write(f"{verdict.headline()}  [{verdict.engine} {timing}] -> {out}\n")
+    return exit_code(verdict)

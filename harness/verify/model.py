@@ -175,6 +175,54 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     return out
 
 
+# Kinds written only when the run closes its books (the end-state snapshot). Without them an
+# operation's fate is unknown: it may have been applied, parked or still in flight.
+SNAPSHOT_KINDS: frozenset[Kind] = frozenset(
+    {Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE, Kind.RESIDUE_OUTBOX, Kind.RESIDUE_APPLY, Kind.RESIDUE_ENTITY}
+)
+# Summary columns that count the snapshot (per-key columns are derived from the replica journal).
+SNAPSHOT_COLUMNS: frozenset[str] = frozenset(
+    {n for n, k in COUNTS.items() if k in SNAPSHOT_KINDS} | set(PER_KEY_COLUMNS)
+)
+
+
+def columns_of(pred: Pred) -> set[str]:
+    """Return the summary columns a predicate reads."""
+    if isinstance(pred, Cmp):
+        return {pred.column} | ({pred.value} if isinstance(pred.value, str) else set())
+    return set().union(*(columns_of(p) for p in pred.parts))
+
+
+def presence_only(pred: Pred) -> bool:
+    """Tell whether a predicate only asks for events to be present (``col > n``, ``col >= n``).
+
+    Such a rule cannot be made true by a missing event: what it finds in a partial ledger is
+    there in the whole one. A rule that tests ``== 0`` or ``<`` judges an absence, and an absence
+    proves nothing when part of the ledger is missing.
+    """
+    if isinstance(pred, Cmp):
+        return pred.op in (">", ">=") and isinstance(pred.value, int)
+    return all(presence_only(p) for p in pred.parts)
+
+
+def judged_rules(contract: FlowContract, *, snapshot: bool = True, intact: bool = True) -> dict[str, Pred]:
+    """Return the rules the evidence can decide: all of them for a complete, intact ledger.
+
+    ``snapshot``: the run closed its books (its end-state snapshot is in the ledger); without it a
+    rule reading a snapshot column cannot fire and one judging an absence would guess.
+    ``intact``: no ledger line was damaged; with damaged lines only presence rules are decided.
+    The classes left out are the verdict's ``unjudged``.
+    """
+    out = rules(contract)
+    if snapshot and intact:
+        return out
+    return {
+        cls: pred
+        for cls, pred in out.items()
+        if presence_only(pred) and (snapshot or not columns_of(pred) & SNAPSHOT_COLUMNS)
+    }
+
+
 def latency_bucket_us(latency_us: int) -> int:
     """Round a non-negative latency in us down to three significant digits (the shared histogram)."""
     for below, scale in LATENCY_SCALES:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,7 @@ from harness.verify.assemble import (
     make_verdict,
     pair_fault_windows,
 )
+from harness.verify.evidence import gather
 from harness.verify.model import (
     ANOMALY_CLASSES,
     ATTEMPT_COUNTS,
@@ -53,7 +56,7 @@ from harness.verify.model import (
     Cmp,
     FlowContract,
     Pred,
-    rules,
+    judged_rules,
 )
 from harness.verify.verdict import Verdict, Witness
 
@@ -126,8 +129,44 @@ def build_class_archive(events: int = 100_000) -> Path | None:
     return archive
 
 
+LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[0-9]+)?\])?")
+MASTER_PROBE_S = 2.0  # a master on a reachable host answers a TCP connect in milliseconds
+
+
+def check_master(master: str) -> None:
+    """Refuse a master URL that is neither ``local[...]`` nor ``spark://HOST:PORT[,HOST:PORT...]``,
+    or whose masters do not answer a TCP connect (Spark itself would retry for a minute)."""
+    if LOCAL_MASTER.fullmatch(master):
+        return
+    hint = "use spark://HOST:PORT (e.g. spark://127.0.0.1:7077) or local[*]; omit --master to run local[*]"
+    if not master.startswith("spark://"):
+        raise ConfigError(f"Spark master {master!r} is not a spark:// or local[...] URL", hint=hint)
+    addrs: list[tuple[str, int]] = []
+    for part in master.removeprefix("spark://").split(","):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"Spark master {master!r}: {part!r} is not HOST:PORT", hint=hint)
+        addrs.append((host.strip("[]"), int(port)))
+    for host, port_no in addrs:
+        try:
+            with socket.create_connection((host, port_no), timeout=MASTER_PROBE_S):
+                return
+        except OSError:
+            continue
+    where = ", ".join(f"{h}:{n}" for h, n in addrs)
+    raise ConfigError(
+        f"no Spark master answers at {where}",
+        hint="start it (sbin/start-master.sh) or omit --master to run local[*]",
+    )
+
+
 def spark_session(master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g") -> SparkSession:
-    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory."""
+    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory.
+
+    Raises ``ConfigError`` for a master URL of the wrong form or with no master answering there.
+    """
+    if master is not None:
+        check_master(master)
     cores = os.cpu_count() or 2
     builder = (
         SparkSession.builder.appName("txchaos-verify")
@@ -265,14 +304,17 @@ def op_measures() -> dict[str, Column]:
     return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
 
 
-def summarize(events: DataFrame, contract: FlowContract) -> tuple[DataFrame, dict[str, str]]:
-    """Return the operation summary with one 0/1 flag column per ruled class, and class -> flag column."""
+def summarize(
+    events: DataFrame, contract: FlowContract, *, snapshot: bool = True, intact: bool = True
+) -> tuple[DataFrame, dict[str, str]]:
+    """Return the operation summary with one 0/1 flag column per judged class, and class -> flag column."""
     aggs = [m.alias(n) for n, m in op_measures().items()]
     summary = events.where(F.col("op_id").isNotNull()).groupBy(*KEYS).agg(*aggs)
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(PER_KEY_COLUMNS))
-    flags = {cls: f"f{ANOMALY_CLASSES.index(cls)}" for cls in rules(contract)}
-    for cls, pred in rules(contract).items():
+    judged = judged_rules(contract, snapshot=snapshot, intact=intact)
+    flags = {cls: f"f{ANOMALY_CLASSES.index(cls)}" for cls in judged}
+    for cls, pred in judged.items():
         summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
     diff = F.col("downstream_ns") - F.col("submit_ns")
     lat_us = F.when(diff >= 0, F.expr("(downstream_ns - submit_ns) div 1000"))
@@ -430,11 +472,18 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
 
 
 def check_events(
-    spark: SparkSession, ledger_dir: Path, contract: FlowContract, phases: dict[str, float] | None = None
+    spark: SparkSession,
+    ledger_dir: Path,
+    contract: FlowContract,
+    phases: dict[str, float] | None = None,
+    *,
+    snapshot: bool = True,
+    intact: bool = True,
 ) -> tuple[Aggregates, tuple[Witness, ...], list[FaultWindow], int]:
     """Run the reconciliation job; return aggregates, witnesses, windows and unmatched fault ends.
 
-    ``phases`` (when given) receives the seconds each step took, for the benchmark.
+    ``phases`` (when given) receives the seconds each step took, for the benchmark; ``snapshot``
+    and ``intact`` choose the judged classes (``model.judged_rules``).
     """
     phases = {} if phases is None else phases
     clock = time.perf_counter()
@@ -457,7 +506,7 @@ def check_events(
         lap("faults_s")
         writers = _writers(events, srcs)
         lap("writers_s")
-        summary, flags = summarize(events, contract)
+        summary, flags = summarize(events, contract, snapshot=snapshot, intact=intact)
         rows = _aggregate(summary, flags, windows)
         agg = _combine(rows, flags, writers)
         lap("summary_s")
@@ -477,17 +526,28 @@ def check_run(
     master: str | None = None,
     spark: SparkSession | None = None,
 ) -> Verdict:
-    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given."""
+    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given.
+
+    An incomplete or damaged folder gets an ``incomplete`` verdict, as in the in-process engine.
+    """
+    if spark is None and master is not None:
+        check_master(master)  # a bad master is the user's input: refuse before touching the folder
+    evidence = gather(run_dir)  # before the JVM: a damaged compacted ledger is rebuilt, not read
     t0 = time.perf_counter()
     own = spark is None
     session = spark or spark_session(master)
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:
-        agg, witnesses, windows, unmatched = check_events(session, run_dir / "ledger", contract, phases)
+        agg, witnesses, windows, unmatched = check_events(
+            session, run_dir / "ledger", contract, phases, snapshot=evidence.closed, intact=evidence.intact
+        )
         t2 = time.perf_counter()
     finally:
         if own:
             session.stop()
     timing = {"jvm_start_s": round(t1 - t0, 3) if own else 0.0, "job_s": round(t2 - t1, 3), **phases}
-    return make_verdict(agg, witnesses, windows, unmatched, engine="spark", scenario=scenario, seed=seed, timing=timing)
+    verdict = make_verdict(
+        agg, witnesses, windows, unmatched, engine="spark", scenario=scenario, seed=seed, timing=timing
+    )
+    return evidence.apply(verdict, contract)

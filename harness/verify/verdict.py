@@ -27,9 +27,20 @@ class Witness:
     faults: tuple[dict[str, Any], ...] = ()
 
 
+OUTCOMES = ("clean", "anomalies", "incomplete")
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """Counts per anomaly class, witnesses, statistics; ``clean`` means no anomaly at all."""
+    """Counts per anomaly class, witnesses, statistics; ``clean`` means no anomaly at all.
+
+    ``incomplete`` lists why the run folder cannot give a full verdict (the run never closed its
+    books, damaged ledger lines); then ``unjudged`` names the classes the evidence cannot decide
+    (their counts are 0 because they were not judged, not because nothing happened), and the
+    outcome is ``incomplete`` whatever was found. ``damaged_lines`` counts the unreadable ledger
+    lines per segment (skipped one by one). ``notes`` say what verification repaired, e.g. a
+    compacted ledger rebuilt from its segments.
+    """
 
     anomalies: dict[str, int]
     witnesses: tuple[Witness, ...]
@@ -39,10 +50,22 @@ class Verdict:
     seed: int | None = None
     steps: tuple[str, ...] = ()
     timing: dict[str, float] = field(default_factory=dict)
+    incomplete: tuple[str, ...] = ()
+    unjudged: tuple[str, ...] = ()
+    damaged_lines: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def clean(self) -> bool:
-        return not any(self.anomalies.values())
+        """Tell whether the run was judged in full and showed no anomaly."""
+        return not self.incomplete and not any(self.anomalies.values())
+
+    @property
+    def outcome(self) -> str:
+        """Return ``clean``, ``anomalies`` or ``incomplete`` (the evidence does not allow a full verdict)."""
+        if self.incomplete:
+            return "incomplete"
+        return "clean" if self.clean else "anomalies"
 
     def ops(self, anomaly: str) -> set[str]:
         """Return the operation ids the verdict names for ``anomaly``."""
@@ -55,6 +78,7 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["clean"] = self.clean
+        out["outcome"] = self.outcome
         out["anomalies"] = {k: self.anomalies.get(k, 0) for k in ANOMALY_CLASSES}
         return out
 
@@ -86,6 +110,10 @@ class Verdict:
             seed=raw.get("seed"),
             steps=tuple(raw.get("steps", ())),
             timing=dict(raw.get("timing", {})),
+            incomplete=tuple(raw.get("incomplete", ())),
+            unjudged=tuple(raw.get("unjudged", ())),
+            damaged_lines=dict(raw.get("damaged_lines", {})),
+            notes=tuple(raw.get("notes", ())),
         )
 
     @classmethod
@@ -93,7 +121,8 @@ class Verdict:
         return cls.from_dict(json.loads(path.read_text()))
 
     def headline(self) -> str:
-        """Return one line: CLEAN, or each anomaly class with its count and first op ids."""
+        """Return one line: CLEAN, INCOMPLETE (why, what was not judged) or each anomaly class with its
+        count and first op ids."""
         if self.clean:
             return "CLEAN: no anomaly"
         parts = []
@@ -101,4 +130,8 @@ class Verdict:
             ops = sorted(self.ops(cls_name))[:3]
             more = ", ..." if n > len(ops) else ""
             parts.append(f"{cls_name}={n} [{', '.join(ops)}{more}]")
-        return "ANOMALIES: " + "; ".join(parts)
+        if not self.incomplete:
+            return "ANOMALIES: " + "; ".join(parts)
+        found = "; found: " + "; ".join(parts) if parts else "; no anomaly among the judged classes"
+        unjudged = f"; not judged: {', '.join(self.unjudged)}" if self.unjudged else ""
+        return "INCOMPLETE: " + "; ".join(self.incomplete) + unjudged + found
