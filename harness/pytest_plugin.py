@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from harness.run.runner import RunResult
     from harness.run.signals import Seen
     from harness.run.spec import ScenarioSpec
-    from harness.stack.base import Endpoints
+    from harness.stack.base import Endpoints, StackProvider
     from harness.stack.reset import Resetter
 
 MARKERS = {
@@ -62,7 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--txchaos-provider",
         type=_provider,
         default=None,
-        help="stack provider: auto (docker if a daemon answers, else local), local, docker",
+        help="stack provider: auto (docker when it can run the stack there: a daemon, Compose v2 and the images; "
+        "else local), local, docker",
     )
     group.addoption(
         "--txchaos-endpoints",
@@ -134,19 +137,44 @@ def _cross_check(config: pytest.Config) -> SparkCrossCheck | None:
 def txchaos_stack(request: pytest.FixtureRequest) -> Iterator[Endpoints]:
     """Yield the stack's endpoints; a stack this fixture started is stopped at session end."""
     from harness.stack.base import Endpoints
-    from harness.stack.selection import endpoints_from_env, make_provider
+    from harness.stack.selection import endpoints_from_env
 
     given: Path | None = request.config.getoption("--txchaos-endpoints")
     existing = Endpoints.load(given) if given else endpoints_from_env()
     if existing is not None:
         yield existing
         return
-    provider = make_provider(request.config.getoption("--txchaos-provider"))
-    endpoints = provider.start()
+    endpoints, provider = _start_stack(request.config)
     try:
         yield endpoints
     finally:
         provider.stop()
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """Write one line to the terminal, outside any test's captured output."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        sys.stderr.write(line + "\n")
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.write_line(line)
+
+
+def _start_stack(config: pytest.Config) -> tuple[Endpoints, StackProvider]:
+    """Start the session's stack, or end the session once with one message (not one error per test)."""
+    from harness.errors import TxChaosError
+    from harness.stack.selection import make_provider
+
+    try:
+        provider = make_provider(config.getoption("--txchaos-provider"), announce=lambda line: _say(config, line))
+        return provider.start(), provider
+    except TxChaosError as exc:
+        pytest.exit(f"txchaos: the stack cannot start: {type(exc).__name__}: {exc}", returncode=exc.exit_code)
+    except Exception as exc:
+        _say(config, traceback.format_exc())
+        pytest.exit(f"txchaos: the stack cannot start (a harness bug; traceback above): {exc!r}", returncode=3)
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,43 @@ def docker_available(timeout_s: float = 2.0) -> bool:
             client.close()
 
 
+def docker_unusable(compose_file: Path | None = None, timeout_s: float = 2.0) -> str | None:
+    """Return why the docker provider cannot run the stack here, or None when it can; never raise.
+
+    ``auto`` takes docker only on None: a daemon answers, Compose v2 is there, the compose file
+    ships, and every image is on the daemon (none is built; a pull is left to the user, since a
+    daemon without registry access would fail minutes later, on every test).
+    """
+    compose = compose_file or COMPOSE_FILE
+    if not compose.is_file():
+        return f"no compose file at {compose}"
+    if not docker_available(timeout_s):
+        return "no Docker daemon answers"
+    try:
+        subprocess.run(["docker", "compose", "version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "`docker compose` (Compose v2) is not available"
+    missing = _missing_images(timeout_s)
+    if missing:
+        return f"image(s) {', '.join(missing)} not on the daemon (`docker compose -f {compose} pull` fetches them)"
+    return None
+
+
+def _missing_images(timeout_s: float) -> list[str]:
+    """Return the stack's images the daemon does not hold (all of them when it cannot say)."""
+    images = [s.image for s in topo.SERVICES]
+    client = None
+    try:
+        client = importlib.import_module("docker").from_env(timeout=timeout_s)
+        have = {tag for image in client.images.list() for tag in image.tags}
+    except Exception:
+        return images
+    finally:
+        if client is not None:
+            client.close()
+    return [i for i in images if i not in have]
+
+
 def compose_endpoints(project: str, state_dir: Path) -> Endpoints:
     """Return the addresses clients use: the Toxiproxy side of each route, as published on the host."""
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ConfigError
@@ -13,22 +16,59 @@ from harness.stack.base import Endpoints, StackProvider
 PROVIDERS = ("auto", "local", "docker")
 
 
-def make_provider(name: str | None = None, *, detached: bool = False) -> StackProvider:
-    """Return the provider ``name`` (default ``$TXCHAOS_PROVIDER`` or auto: docker if a daemon answers)."""
-    choice = (name or os.environ.get("TXCHAOS_PROVIDER") or "auto").lower()
+@dataclass(frozen=True)
+class Choice:
+    """The provider a session will use and why, said in one line before anything starts."""
+
+    provider: str
+    why: str
+    auto: bool
+
+    def line(self) -> str:
+        return f"txchaos: {self.provider} provider ({self.why})"
+
+
+def choose(name: str | None = None) -> Choice:
+    """Return the provider ``name`` (default ``$TXCHAOS_PROVIDER``, else auto) and the reason for it.
+
+    ``auto`` takes docker only when it can really run the stack (``docker.docker_unusable``),
+    otherwise local. Example: ``choose("auto").line()`` ->
+    ``"txchaos: local provider (auto: docker cannot run the stack here: no Docker daemon answers)"``.
+    """
+    env = os.environ.get("TXCHAOS_PROVIDER")
+    choice = (name or env or "auto").lower()
     if choice not in PROVIDERS:
-        raise ConfigError(f"unknown stack provider {choice!r}", hint=f"use one of {', '.join(PROVIDERS)}")
-    if choice == "auto":
-        from harness.stack.docker import docker_available
+        what = f"unknown stack provider {choice!r}" + ("" if name else " (from $TXCHAOS_PROVIDER)")
+        raise ConfigError(what, hint=f"use one of {', '.join(PROVIDERS)}")
+    if choice != "auto":
+        return Choice(choice, "asked for" if name else "TXCHAOS_PROVIDER", auto=False)
+    from harness.stack.docker import docker_unusable
 
-        choice = "docker" if docker_available() else "local"
-    if choice == "docker":
-        from harness.stack.docker import DockerProvider, docker_available
+    problem = docker_unusable()
+    if problem is None:
+        return Choice("docker", "auto: a Docker daemon with Compose v2 and every image answers", auto=True)
+    return Choice("local", f"auto: docker cannot run the stack here: {problem}", auto=True)
 
-        if not docker_available():
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def make_provider(
+    name: str | None = None, *, detached: bool = False, announce: Callable[[str], None] | None = _to_stderr
+) -> StackProvider:
+    """Return the provider ``name`` (see ``choose``); ``announce`` gets auto's one-line choice and reason."""
+    choice = choose(name)
+    if choice.auto and announce is not None:
+        announce(choice.line())
+    if choice.provider == "docker":
+        from harness.stack.docker import DockerProvider, docker_unusable
+
+        problem = None if choice.auto else docker_unusable()
+        if problem is not None:
             raise ConfigError(
-                "provider 'docker' asked for, but no Docker daemon answers",
-                hint="start Docker, or use --provider local (real binaries, no containers)",
+                f"provider 'docker' asked for, but it cannot run the stack here: {problem}",
+                hint="fix that, or use --provider local (real binaries, no containers; `txchaos install` sets them up)",
             )
         return DockerProvider()
     from harness.stack.local import LocalProvider
