@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -36,7 +37,7 @@ class Endpoints:
     kafka: Endpoint
     toxiproxy_api: str
     db_user: str
-    db_password: str
+    db_password: str = field(repr=False)  # per stack on the local provider: kept out of tracebacks and logs
     db_name: str
     state_dir: str
     # None only in an endpoints.json written before DTM joined the stack.
@@ -68,6 +69,17 @@ class Endpoints:
             if raw.get(key) is not None:
                 raw[key] = Endpoint(**raw[key])
         return cls(**raw)
+
+    def save(self, path: Path) -> Path:
+        """Write ``to_json()`` to ``path`` readable by this user only (it holds the database password)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json())
+        tmp.replace(path)
+        return path
 
     @classmethod
     def load(cls, path: Path) -> Endpoints:

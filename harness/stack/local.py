@@ -2,6 +2,18 @@
 
 Each stack gets free loopback ports and its own state folder (``reports/stacks/<id>/``), so two
 stacks run side by side. Clients get only proxy addresses; Kafka advertises its proxy.
+
+What a stack leaves on disk: every folder and file it creates is claimed in the process registry
+(``procs.claim_paths``) before it is created, and removed by ``stop``, by ``txchaos down``, or by
+the next start after a SIGKILL. Only ``logs/`` stays: a killed run never copied its slice of the
+service logs into its run folder, so they are the only trace of what the servers saw. The newest
+``KEEP_LOGS`` log folders of stopped stacks are kept; each start removes older ones.
+
+Postgres: TCP needs a password (scram-sha-256). The systems under test get ``topology.DB_USER``,
+a non-superuser owning the run database, with a password made per stack and written only to the
+0600 ``endpoints.json``. The superuser is reached over the server's Unix socket, which lives in
+the 0700 data folder of the server's own account. The server runs with that account's uid and
+gid and no other group.
 """
 
 from __future__ import annotations
@@ -10,6 +22,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -19,6 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from harness import resources
 from harness.errors import ConfigError, StackError
@@ -29,10 +43,14 @@ from harness.stack.procs import (
     Managed,
     _has_tag,
     _registry,
+    account,
+    claim_paths,
+    claimed_tags,
     free_ports,
     kill_group,
     kill_group_wait,
     reap_orphans,
+    release_paths,
     spawn,
     stop,
 )
@@ -41,7 +59,9 @@ from harness.stack.waits import Wait, port_open, stomp_connected
 FIXTURES = resources.fixtures_dir()
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
 START_TIMEOUT_S = float(os.environ.get("TXCHAOS_START_TIMEOUT", "90"))
-DATA_DIRS = ("activemq", "kafka", "dtm")  # under the stack folder; removed at stop (logs/ stays)
+DATA_DIRS = ("activemq", "kafka", "dtm", "services")  # under the stack folder; removed at stop (logs/ stays)
+KEEP_LOGS = 10  # log folders of stopped stacks kept; a start removes older ones
+STACK_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
 
 
 @dataclass(frozen=True)
@@ -123,10 +143,12 @@ def readiness(service: str, ep: Endpoints) -> Wait:
     from harness.clients import db, kafka
     from harness.clients.dtm import DtmClient
 
-    admin_url = ep.postgres_url.rsplit("/", 1)[0] + "/postgres"
     waits = {
         "postgres": Wait(
-            "postgres through its proxy", lambda: db.ping(admin_url), timeout=START_TIMEOUT_S, tolerated=(Exception,)
+            "postgres through its proxy",
+            lambda: db.ping(ep.postgres_url),
+            timeout=START_TIMEOUT_S,
+            tolerated=(Exception,),
         ),
         "activemq": Wait(
             "activemq STOMP through its proxy", stomp_connected(ep.stomp.host, ep.stomp.port), timeout=START_TIMEOUT_S
@@ -183,6 +205,43 @@ def _pg_user() -> str | None:
     return "postgres"
 
 
+def pg_data_dir(stack_id: str) -> Path:
+    """Return the stack's Postgres data folder: outside the user's home, so the postgres account reaches it."""
+    return Path(tempfile.gettempdir()) / f"txchaos-pg-{stack_id}"
+
+
+# Written into every stack's data folder: the template's own file is not trusted to say this.
+PG_HBA = """\
+# Written by txchaos. The Unix socket lives in the data folder (mode 0700, the server's account):
+# only that account (and root) can reach it, so it is trusted; it is how the harness makes roles.
+local   all all                 trust
+# TCP (every client, through Toxiproxy): a password, always.
+host    all all 127.0.0.1/32    scram-sha-256
+host    all all ::1/128         scram-sha-256
+"""
+
+
+def prune_stack_logs(keep: int = KEEP_LOGS) -> list[Path]:
+    """Remove the folders of stopped local stacks but the newest ``keep``; returns what was removed.
+
+    A folder whose stack still holds a claim or a process record (running, or detached by
+    ``txchaos up``) is never touched.
+    """
+    root = stacks_root()
+    if not root.is_dir():
+        return []
+    tags = claimed_tags()
+    for record in _registry().glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            tags.append(str(json.loads(record.read_text())["tag"]))
+    live = {tag.split("/")[1] for tag in tags if tag.startswith("stack/")}
+    stopped = sorted(p for p in root.iterdir() if p.is_dir() and STACK_ID.match(p.name) and p.name not in live)
+    doomed = stopped[: max(0, len(stopped) - keep)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
 def _chown_tree(path: Path, user: str | None) -> None:
     if user is None:
         return
@@ -214,7 +273,10 @@ class LocalProvider:
         self.state_dir = stacks_root() / self.stack_id
         self.procs: dict[str, Managed] = {}
         self.ports = Ports.pick()
-        self._pg_data: Path | None = None
+        self._pg_data = pg_data_dir(self.stack_id)
+        self._pg_started = False
+        # Letters and digits only: it goes into a URL and a SQL literal.
+        self.db_password = secrets.token_hex(16)
         self._tools: bootstrap.Tools | None = None
         self.endpoints: Endpoints | None = None
         self.timings: dict[str, float] = {}
@@ -222,12 +284,16 @@ class LocalProvider:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Endpoints:
         """Start every service, create the proxies, wait until each answers through its proxy."""
-        reap_orphans()
+        reap_orphans()  # processes, then folders, of stacks whose owner was killed
+        prune_stack_logs()
         try:
             self._tools = bootstrap.load_tools()
         except bootstrap.BootstrapError as exc:
             raise ConfigError(str(exc), hint="run `txchaos install`: it installs the stack into the cache") from exc
         started = time.monotonic()
+        # Claimed before anything exists: a SIGKILL from here on leaks nothing past the next start.
+        owned = [self._pg_data, *(self.state_dir / sub for sub in DATA_DIRS), self._endpoints_path]
+        claim_paths(self._tag("files"), owned, detached=self.detached)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
             self._spawn("toxiproxy")
@@ -245,11 +311,15 @@ class LocalProvider:
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - started
-        (self.state_dir / "endpoints.json").write_text(self.endpoints.to_json())
+        self.endpoints.save(self._endpoints_path)
         return self.endpoints
 
+    @property
+    def _endpoints_path(self) -> Path:
+        return self.state_dir / "endpoints.json"
+
     def stop(self) -> None:
-        """Stop every process group (Kafka and ActiveMQ first, Toxiproxy last) and remove data dirs."""
+        """Stop every process group (Kafka and ActiveMQ first, Toxiproxy last) and remove what the stack made."""
         for name in ("dtm", "kafka", "activemq", "postgres", "toxiproxy"):
             # Kafka and DTM: their data is thrown away, and DTM lingers 5.5 s after a SIGTERM.
             sig = signal.SIGKILL if name in ("kafka", "dtm") else signal.SIGTERM
@@ -258,10 +328,7 @@ class LocalProvider:
                 stop(proc, timeout=10, sig=sig)
             # A broker fault may have restarted the service from its recipe: find that copy by tag.
             stop_tagged(self._tag(name), sig=sig)
-        if self._pg_data is not None:
-            shutil.rmtree(self._pg_data, ignore_errors=True)
-        for sub in DATA_DIRS:
-            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        release_paths(f"stack/{self.stack_id}/")
 
     def __enter__(self) -> Endpoints:
         return self.start()
@@ -317,13 +384,15 @@ class LocalProvider:
         assert self._tools is not None
         user = _pg_user()
         bin_dir = Path(self._tools.postgres_bin)
-        if fresh or self._pg_data is None:
-            # Outside the user's home: the postgres account must be able to reach the directory.
-            self._pg_data = Path(tempfile.mkdtemp(prefix=f"txchaos-pg-{self.stack_id}-"))
+        if fresh or not self._pg_started:
             template = self._pg_template(bin_dir, user)
+            shutil.rmtree(self._pg_data, ignore_errors=True)
+            self._pg_data.mkdir(mode=0o700)
             shutil.copytree(template, self._pg_data, dirs_exist_ok=True)
+            (self._pg_data / "pg_hba.conf").write_text(PG_HBA)
             _chown_tree(self._pg_data, user)
-            self._pg_data.chmod(0o700)
+            self._pg_data.chmod(0o700)  # also keeps the Unix socket, which lives here, to the server's account
+            self._pg_started = True
         argv = [
             str(bin_dir / "postgres"),
             "-D",
@@ -352,35 +421,48 @@ class LocalProvider:
         return argv, user
 
     def _pg_template(self, bin_dir: Path, user: str | None) -> Path:
-        """Return an initdb'd data dir, made once per Postgres version (initdb is the slow part)."""
-        template = cache_root() / "templates" / f"postgres-{bin_dir.parent.name}"
+        """Return an initdb'd data dir, made once per Postgres version (initdb is the slow part).
+
+        The superuser gets a random password nobody keeps: over TCP it cannot log in at all.
+        """
+        # "-scram": templates made before passwords were required had a superuser without one.
+        template = cache_root() / "templates" / f"postgres-{bin_dir.parent.name}-scram"
         if (template / "PG_VERSION").exists():
             return template
-        work = Path(tempfile.mkdtemp(prefix="txchaos-initdb-"))
-        _chown_tree(work, user)
-        cmd = [
-            str(bin_dir / "initdb"),
-            "-D",
-            str(work / "data"),
-            "-U",
-            topology.DB_USER,
-            "--auth=trust",
-            "-N",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ]
         import subprocess
 
-        proc = subprocess.run(cmd, capture_output=True, text=True, user=user, check=False)
-        if proc.returncode != 0:
-            raise StackError("initdb failed", hint="check the postgres install", log_tail=proc.stdout + proc.stderr)
-        template.parent.mkdir(parents=True, exist_ok=True)
-        tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
-        shutil.copytree(work / "data", tmp)
-        shutil.rmtree(work, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="txchaos-initdb-") as tmp_dir:
+            work = Path(tmp_dir)
+            pwfile = work / "pw"
+            pwfile.write_text(secrets.token_hex(24) + "\n")
+            _chown_tree(work, user)
+            cmd = [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(work / "data"),
+                "-U",
+                topology.DB_ADMIN,
+                f"--pwfile={pwfile}",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-N",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **account(user))
+            if proc.returncode != 0:
+                raise StackError("initdb failed", hint="check the postgres install", log_tail=proc.stdout + proc.stderr)
+            template.parent.mkdir(parents=True, exist_ok=True)
+            tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
+            shutil.copytree(work / "data", tmp)
         tmp.rename(template) if not template.exists() else shutil.rmtree(tmp)
         return template
+
+    def _admin_socket_url(self) -> str:
+        """Return the superuser's URL over the server's private Unix socket (never through TCP)."""
+        host = quote(str(self._pg_data), safe="")
+        return f"postgresql+psycopg://{topology.DB_ADMIN}@/postgres?host={host}&port={self.ports.postgres}"
 
     def _java(self, lib: str, heap: str, log_config: Path, props: dict[str, str], main: list[str]) -> list[str]:
         assert self._tools is not None
@@ -466,17 +548,19 @@ class LocalProvider:
             {},
             ["kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(fmt_props)],
         )
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise StackError(
-                "Kafka storage format failed",
-                hint="check the Kafka jars in the cache",
-                log_tail=proc.stdout + proc.stderr,
-            )
-        template.parent.mkdir(parents=True, exist_ok=True)
-        tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
-        shutil.copytree(work / "data", tmp)
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise StackError(
+                    "Kafka storage format failed",
+                    hint="check the Kafka jars in the cache",
+                    log_tail=proc.stdout + proc.stderr,
+                )
+            template.parent.mkdir(parents=True, exist_ok=True)
+            tmp = template.with_name(template.name + f".{uuid.uuid4().hex[:6]}")
+            shutil.copytree(work / "data", tmp)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         tmp.rename(template) if not template.exists() else shutil.rmtree(tmp)
         return template
 
@@ -489,7 +573,7 @@ class LocalProvider:
         work.mkdir(parents=True, exist_ok=True)
         config = work / "dtm.yml"
         config.write_text(dtm.render(dtm.CONFIG.read_text(), http_port=self.ports.dtm, grpc_port=self.ports.dtm_grpc))
-        return [self._tools.dtm, "-c", str(config)], work
+        return [dtm.loopback_binary(self._tools.dtm), "-c", str(config)], work
 
     # -- wiring --------------------------------------------------------------------------------
     def _endpoints(self) -> Endpoints:
@@ -507,7 +591,7 @@ class LocalProvider:
             dtm=ep("dtm", p.dtm),
             toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
             db_user=topology.DB_USER,
-            db_password=topology.DB_PASSWORD,
+            db_password=self.db_password,
             db_name=topology.DB_NAME,
             state_dir=str(self.state_dir),
         )
@@ -523,10 +607,15 @@ class LocalProvider:
     def _wait_one(self, service: str, ep: Endpoints) -> float:
         from harness.clients import db
 
-        took = readiness(service, ep).run(self.procs[service])
-        if service == "postgres":
-            db.ensure_database(ep.postgres_url.rsplit("/", 1)[0] + "/postgres", ep.db_name)
-        return took
+        if service != "postgres":
+            return readiness(service, ep).run(self.procs[service])
+        # The role the clients log in as is made over the socket first; then the proxy path is probed.
+        admin = self._admin_socket_url()
+        took = Wait(
+            "postgres on its Unix socket", lambda: db.ping(admin), timeout=START_TIMEOUT_S, tolerated=(Exception,)
+        ).run(self.procs[service])
+        db.ensure_owner_role(admin, ep.db_user, ep.db_password, ep.db_name)
+        return took + readiness(service, ep).run(self.procs[service])
 
     def _wait_all(self, ep: Endpoints) -> None:
         errors: list[BaseException] = []
@@ -549,10 +638,9 @@ class LocalProvider:
 
 
 def stop_detached(stack_id: str) -> list[str]:
-    """Stop a stack started by ``txchaos up`` in an earlier process; returns what was stopped."""
+    """Stop a stack started by ``txchaos up`` in an earlier process; returns what was stopped.
+
+    Its processes are reaped first, then every path it claimed (its logs/ stays).
+    """
     reaped = reap_orphans(include_detached_tag=f"stack/{stack_id}/")
-    for pg in Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack_id}-*"):
-        shutil.rmtree(pg, ignore_errors=True)
-    for sub in DATA_DIRS:
-        shutil.rmtree(stacks_root() / stack_id / sub, ignore_errors=True)
-    return reaped
+    return [r for r in reaped if not r.startswith("path ")]

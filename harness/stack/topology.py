@@ -55,9 +55,14 @@ DTM_GRPC_PORT = 36790
 
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 
+# The role the systems under test and the harness's runs connect as: the local provider makes it
+# a non-superuser owning DB_NAME, with a password generated per stack (DB_PASSWORD is docker's).
 DB_USER = "txchaos"
 DB_PASSWORD = "txchaos"
 DB_NAME = "txchaos"
+# The local provider's superuser: reachable only over the server's private Unix socket; its TCP
+# password is random and thrown away at initdb.
+DB_ADMIN = "txchaos_admin"
 
 
 def proxy_for(service: str) -> ProxyRoute:

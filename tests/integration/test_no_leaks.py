@@ -1,11 +1,13 @@
-"""Killing the pytest process mid-run leaves no server behind once the next run starts."""
+"""Killing the pytest process mid-run leaves no server, and no data folder, behind once the next run starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -33,15 +35,17 @@ def tagged(prefix: str) -> list[int]:
     return pids
 
 
-def test_sigkilled_pytest_leaves_no_server(tmp_path: Path) -> None:
+def test_sigkilled_pytest_leaves_no_server_and_no_folder(tmp_path: Path) -> None:
     marker = tmp_path / "stack.txt"
     (tmp_path / "test_hold.py").write_text(
         textwrap.dedent(f"""
+        import json
         import time
         from pathlib import Path
 
         def test_hold(txchaos_stack):
-            Path({str(marker)!r}).write_text(txchaos_stack.stack_id)
+            info = {{"stack_id": txchaos_stack.stack_id, "state_dir": txchaos_stack.state_dir}}
+            Path({str(marker)!r}).write_text(json.dumps(info))
             time.sleep(600)
         """)
     )
@@ -59,14 +63,24 @@ def test_sigkilled_pytest_leaves_no_server(tmp_path: Path) -> None:
         while not marker.exists() and time.monotonic() < deadline:
             assert child.poll() is None, "the nested pytest died before its stack was up"
             time.sleep(0.2)
-        stack_id = marker.read_text()
+        info = json.loads(marker.read_text())
+        stack_id, state_dir = info["stack_id"], Path(info["state_dir"])
         prefix = f"stack/{stack_id}/"
         assert len(tagged(prefix)) >= 4, "the nested run should have started all four services"
+        pg_data = list(Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack_id}*"))
+        assert pg_data, "the probe is blind: no Postgres data folder found while the stack ran"
+        assert (state_dir / "kafka").is_dir()
+        assert (state_dir / "endpoints.json").exists()
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
     deadline = time.monotonic() + 15
     while tagged(prefix) and time.monotonic() < deadline:
         time.sleep(0.2)
-    reap_orphans()  # what the next run does first
+    reap_orphans()  # what the next start does first
     assert tagged(prefix) == [], "server processes outlived the killed pytest run"
+    left = list(Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack_id}*"))
+    assert left == [], f"the killed stack's Postgres data folder is still there: {left}"
+    # Only the service logs stay: the killed run never copied them into its run folder.
+    kept = sorted(p.name for p in state_dir.iterdir()) if state_dir.exists() else []
+    assert kept in ([], ["logs"]), f"the killed stack left {kept} in {state_dir}"
