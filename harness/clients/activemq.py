@@ -29,6 +29,7 @@ from harness.errors import HarnessError
 # beat would kill the harness's eye, not the system under test.
 HEARTBEATS = (1000, 1000)
 RECEIPT_TIMEOUT_S = 10.0
+DISCONNECT_WAIT_S = 2.0
 
 
 def queue_dest(name: str) -> str:
@@ -108,8 +109,9 @@ class StompClient:
         try:
             self._conn.connect(wait=True, headers={"client-id": client_id or f"txchaos-{uuid.uuid4().hex[:8]}"})
         except (StompException, OSError) as exc:
+            said = "; ".join(self._listener.errors)  # the broker's ERROR frame, e.g. "already connected"
             raise HarnessError(
-                f"STOMP connect to {host}:{port} failed: {exc}",
+                f"STOMP connect to {host}:{port} failed: {exc!r}{f' ({said})' if said else ''}",
                 hint="is the broker up (`txchaos status`) and the activemq_stomp proxy enabled?",
             ) from exc
         # stomp.py leaves Nagle on: a small frame then waits for the peer's delayed ACK (~40 ms
@@ -212,11 +214,19 @@ class StompClient:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
+        """DISCONNECT and wait (bounded) for the broker's RECEIPT, so it has let the connection go."""
+        receipt = f"bye-{uuid.uuid4().hex[:12]}"
+        event = self._listener.receipts[receipt] = threading.Event()
         try:
             if self._conn.is_connected():
-                self._conn.disconnect()
+                self._conn.disconnect(receipt=receipt)
+                # stomp.py asks for the RECEIPT but does not wait for it; a new connection under
+                # the same client id before it is refused with "already connected".
+                event.wait(DISCONNECT_WAIT_S)
         except (StompException, OSError):
             pass  # the connection is going away either way
+        finally:
+            self._listener.receipts.pop(receipt, None)
 
     def __enter__(self) -> StompClient:
         return self

@@ -10,7 +10,9 @@ roll back and the message is NACKed (the broker redelivers or dead-letters it).
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import os
 import signal
 import threading
 from collections import Counter
@@ -116,8 +118,14 @@ class StageWorker:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         ep = self.endpoints.stomp
         started = False
-        while not self.stop.is_set():  # one pass per connection: a forced disconnect opens a new one
-            with StompClient(ep.host, ep.port, client_id=f"{self.spec.name}") as client:
+        for n in itertools.count():  # one pass per connection: a forced disconnect opens a new one
+            if self.stop.is_set():
+                break
+            # A fresh client id per connection: the broker drops the old connection asynchronously
+            # after DISCONNECT, and reusing its id answers "already connected" and kills the worker,
+            # a different fault than the disconnect that was armed (issue 12 finding 9).
+            client_id = f"{self.spec.name}.{os.getpid()}.{n}"
+            with StompClient(ep.host, ep.port, client_id=client_id) as client:
                 self._sub = client.subscribe(self.spec.input_queue)
                 if not started:
                     self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue)
