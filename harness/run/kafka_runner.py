@@ -292,10 +292,12 @@ class KafkaRunSession:
                     consumed_at = time.monotonic()  # the outputs were flushed before this commit
             # Every output written before the commit must have been read, or an operation still on
             # its way (a dead letter the sink has not fetched yet) would be reported lost.
+            # A consumer being replaced may still get records back: idle means every one serves.
             if (
                 consumed_at is not None
                 and min(now - consumed_at, sink.quiet_s()) >= settle
                 and sink.caught_up_since(consumed_at)
+                and pool.serving()
             ):
                 self.progress(f"input consumed and committed; {len(want) - done} operation(s) never came out")
                 break

@@ -38,6 +38,9 @@ from harness.worker.crash import CrashArm, write_arms
 from harness.worker.spec import WorkerSpec
 
 Progress = Callable[[str], None]
+# How long the flow must stay idle before operations that never came out are judged (``_Idleness``):
+# twice the redelivery plugin's 1 s delay, and room for a restarted broker to dispatch again.
+IDLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -302,7 +305,8 @@ class RunSession:
         return out
 
     def _await_quiescence(self, sink: Sink, pool: WorkerPool) -> None:
-        """Wait until every operation came out (downstream or DLQ), then settle; bounded."""
+        """Wait until every operation came out (downstream or DLQ), or the flow is idle with some
+        never out (``_idle``), then settle; bounded by the timeout."""
         want = set(self.ops)
         deadline = time.monotonic() + self.spec.timeout_s
         last_report = 0
@@ -310,6 +314,7 @@ class RunSession:
         # often than the contract's max_deliveries with nothing coming out, stop waiting for it.
         limit = self.spec.contract.max_deliveries
         progressed, restarts_then = -1, pool.restarts
+        idle = _Idleness(Settlement(self.folder.path / "ledger"), pool, sink, max(self.spec.settle_s, IDLE_S))
         while time.monotonic() < deadline:
             sink.check()
             done = len(want & sink.accounted())
@@ -318,6 +323,10 @@ class RunSession:
                 # and the replacement must settle it before the queues are drained as residue.
                 if pool.wait_serving(deadline):
                     self._await_settled(deadline)
+                break
+            if idle.idle(self._outbox_empty):
+                self.progress(f"the flow is idle; {len(want) - done} operation(s) never came out")
+                self.folder.step(f"quiescence: idle for {idle.quiet_s}s with {len(want) - done} operation(s) not out")
                 break
             if done > progressed:
                 progressed, restarts_then = done, pool.restarts
@@ -344,6 +353,10 @@ class RunSession:
             time.sleep(0.02)
         if pending:
             self.folder.step(f"quiescence: {len(pending)} delivered message(s) never settled")
+
+    def _outbox_empty(self) -> bool:
+        outbox, engine = self.spec.outbox_table, self._engine
+        return outbox is None or engine is None or not db.column_values(engine, outbox, "op_id", where_null="sent_at")
 
     def _await_outbox(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until the outbox holds no unsent row.
@@ -389,6 +402,43 @@ class RunSession:
         verdict = replace(verdict, steps=tuple(self.folder.manifest.get("steps", ())))
         verdict.write(path / "verdict.json")
         return RunResult(path, verdict, self.spec)
+
+
+class _Idleness:
+    """Tell when every piece of evidence about the operations still out is in.
+
+    Idle means, unbroken for ``quiet_s``: every worker alive and subscribed (none dead or being
+    replaced), every delivered message settled by the process that received it (a message a
+    killed worker held comes back), no operation NACKed and not seen since (a redelivery the
+    broker's plugin holds a second or more), nothing new in the ledger or at the sink, no worker
+    restarted, and no unsent outbox row. A message still in a queue would have been delivered to
+    one of the idle workers (prefetch 1) within that time; an operation still out then never
+    comes out, and the books can close on it without waiting out the timeout.
+    """
+
+    def __init__(self, settlement: Settlement, pool: WorkerPool, sink: Sink, quiet_s: float) -> None:
+        self.settlement, self.pool, self.sink, self.quiet_s = settlement, pool, sink, quiet_s
+        self._since: float | None = None
+        self._restarts = pool.restarts
+
+    def idle(self, outbox_empty: Callable[[], bool]) -> bool:
+        """Return whether the flow has been idle for ``quiet_s``; call it in the waiting loop."""
+        now = time.monotonic()
+        busy = (
+            self.pool.restarts != self._restarts
+            or not self.pool.serving()
+            or bool(self.settlement.unsettled())
+            or bool(self.settlement.given_back(self.sink.accounted()))
+        )
+        self._restarts = self.pool.restarts
+        if busy:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        quiet_for = min(now - self._since, now - self.settlement.last_event, self.sink.quiet_s())
+        # The outbox is asked last and rarely: a database query, not a look at files.
+        return quiet_for >= self.quiet_s and outbox_empty()
 
 
 def run_scenario(

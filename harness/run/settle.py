@@ -9,13 +9,24 @@ the latest delivery of every message was settled by the worker process that rece
 
 from __future__ import annotations
 
+import json
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 
 _SETTLED = {str(Kind.BROKER_COMMIT), str(Kind.NACK)}
+
+
+def _given_back_by_nack(event: dict[str, Any]) -> bool:
+    """Return whether ``event`` is a forced redelivery done by NACK (the worker NACKs without an event)."""
+    if event["kind"] != Kind.FORCED_REDELIVERY:
+        return False
+    detail = event.get("detail") or "{}"
+    return bool(json.loads(detail).get("action") == "nack")
 
 
 class Settlement:
@@ -27,18 +38,45 @@ class Settlement:
 
     def __init__(self, ledger_dir: Path) -> None:
         self._tail = LedgerTail(ledger_dir)
-        self._latest: dict[str, tuple[int, int]] = {}  # msg -> (ts_ns, pid) of its latest delivery
-        self._settled_by: defaultdict[str, set[int]] = defaultdict(set)  # msg -> pids that settled it
+        self._latest: dict[str, tuple[int, int, int]] = {}  # msg -> (ts_ns, pid, seq) of its latest delivery
+        # msg -> pid -> seq of that process's latest settlement of it (a process writes in seq order)
+        self._settled_by: defaultdict[str, dict[int, int]] = defaultdict(dict)
+        self._op_delivered: dict[str, int] = {}  # op -> ts_ns of its latest delivery, any stage
+        self._op_nacked: dict[str, int] = {}  # op -> ts_ns of its latest NACK, any stage
+        self.last_event = time.monotonic()  # when the ledger last grew (monotonic clock)
 
-    def unsettled(self) -> set[str]:
-        """Return the message ids whose latest delivery has no commit or NACK by its receiver."""
+    def _read(self) -> None:
+        grew = False
         for event in self._tail.new():
-            msg, kind = event.get("msg"), event["kind"]
+            grew = True
+            msg, kind, op = event.get("msg"), event["kind"], event.get("op")
             if msg is None:
                 continue
+            ts, pid, seq = int(event["ts_ns"]), int(event["pid"]), int(event["seq"])
             if kind == Kind.DELIVER:
-                seen = (int(event["ts_ns"]), int(event["pid"]))
+                seen = (ts, pid, seq)
                 self._latest[msg] = max(self._latest.get(msg, seen), seen)
-            elif kind in _SETTLED:
-                self._settled_by[msg].add(int(event["pid"]))
-        return {msg for msg, (_, pid) in self._latest.items() if pid not in self._settled_by[msg]}
+                if op is not None:
+                    self._op_delivered[op] = max(self._op_delivered.get(op, ts), ts)
+            elif kind in _SETTLED or _given_back_by_nack(event):
+                settled = self._settled_by[msg]
+                settled[pid] = max(settled.get(pid, seq), seq)
+                if kind != Kind.BROKER_COMMIT and op is not None:
+                    self._op_nacked[op] = max(self._op_nacked.get(op, ts), ts)
+        if grew:
+            self.last_event = time.monotonic()
+
+    def unsettled(self) -> set[str]:
+        """Return the message ids whose latest delivery has no commit or NACK by its receiver since."""
+        self._read()
+        return {msg for msg, (_, pid, seq) in self._latest.items() if self._settled_by[msg].get(pid, -1) < seq}
+
+    def given_back(self, out: set[str]) -> set[str]:
+        """Return the operations NACKed since their latest delivery and not in ``out`` (came out).
+
+        A NACKed message is dead-lettered at once by a broker without the redelivery plugin, and
+        redelivered a second or more later by one with it: until it is seen again, delivered or
+        dead-lettered, the broker still holds it, out of any queue a worker could see.
+        """
+        self._read()
+        return {op for op, ts in self._op_nacked.items() if ts >= self._op_delivered.get(op, 0) and op not in out}

@@ -90,6 +90,11 @@ class Sink:
         with self._lock:
             return set(self.seen)
 
+    def quiet_s(self) -> float:
+        """Return how long nothing has arrived."""
+        with self._lock:
+            return time.monotonic() - self._last
+
     def check(self) -> None:
         if self._error is not None:
             raise self._error

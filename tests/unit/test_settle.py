@@ -66,3 +66,21 @@ def test_the_tail_yields_each_complete_event_once(tmp_path: Path) -> None:
         fh.write(b'{"kind": "submit", "op": "op-3"')  # a line still being written
     assert [e["op"] for e in tail.new()] == ["op-2"]
     assert list(tail.new()) == []
+
+
+def test_a_nacked_operation_is_given_back_until_it_is_delivered_again_or_comes_out(tmp_path: Path) -> None:
+    # With the broker's redelivery plugin a NACKed message is out of every queue for a second or
+    # more: quiescence must not take that silence for an idle flow.
+    ledger = tmp_path / "ledger"
+    settlement = Settlement(ledger)
+    with LedgerWriter(ledger, "worker-1") as w:
+        w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+        w.emit(Kind.NACK, op="op-1", msg="m-1")
+        w.emit(Kind.DELIVER, op="op-2", msg="m-2", attempt=1)
+        w.emit(Kind.FORCED_REDELIVERY, op="op-2", msg="m-2", action="nack")  # the NACK has no event of its own
+        assert settlement.unsettled() == set()
+        assert settlement.given_back(set()) == {"op-1", "op-2"}
+        assert settlement.given_back({"op-2"}) == {"op-1"}  # op-2 came out (dead-lettered)
+        w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=2)
+        assert settlement.given_back(set()) == {"op-2"}
+        assert settlement.unsettled() == {"m-1"}
