@@ -13,6 +13,7 @@ in a copy of the module built in its place (the cache itself is never edited).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -126,7 +127,7 @@ def loopback_binary(release_binary: str) -> str:
             f"cannot build the loopback DTM server: {'no `go`' if go is None else f'no DTM sources in {module_dir}'}",
             hint="run `./txchaos` once more: it installs Go and the DTM sources",
         )
-    partial = dest.with_name(dest.name + ".partial")
+    partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")  # two stacks starting at once each build
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-loopback-") as tmp:
         work = Path(tmp)
         source = work / "dtm"

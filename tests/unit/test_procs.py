@@ -180,3 +180,22 @@ def test_a_server_spawned_as_another_user_keeps_no_root_group(tmp_path: Path) ->
         assert "0" not in status["Groups"].split(), f"the server kept the root group: {status['Groups']}"
     finally:
         procs.stop(managed, timeout=2)
+
+
+def test_a_start_keeps_the_newest_logs_of_stopped_stacks_and_every_live_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.stack import local
+
+    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "reports"))
+    stacks = tmp_path / "reports" / "stacks"
+    names = [f"20260101-0000{i:02d}-abcd" for i in range(local.KEEP_LOGS + 3)]
+    for name in names:
+        (stacks / name / "logs").mkdir(parents=True)
+    (stacks / "docker-project").mkdir()  # not a local stack: never touched
+    procs.claim_paths(f"stack/{names[0]}/files", [stacks / names[0] / "kafka"])  # the oldest still runs
+
+    removed = local.prune_stack_logs()
+
+    assert sorted(p.name for p in removed) == names[1:3]
+    assert sorted(p.name for p in stacks.iterdir()) == sorted([names[0], *names[3:], "docker-project"])
