@@ -1,8 +1,8 @@
 """A team brings the DDL of its own tables: a .sql file of its project, or SQL text (issue 13 part 4).
 
-The first tests need no service: the schema is checked where the spec is made. The last ones
-apply DDL to the real Postgres of the stack: a failing statement and a missing effect table are
-refused before any worker starts, naming the file, the statement and the fix.
+These need no service: the schema is checked where the spec is made or when the run begins.
+tests/integration/test_example_project.py applies DDL to the stack's Postgres: a failing statement
+and a missing effect table are refused before any worker starts, naming the statement and the fix.
 """
 
 from __future__ import annotations
@@ -90,64 +90,3 @@ def test_an_empty_or_unreadable_schema_file_is_refused(tmp_path: Path) -> None:
         spec(str(folder))
     with pytest.raises(ConfigError, match="is empty"):
         Schema.sql("")
-
-
-# -- against the real Postgres ---------------------------------------------------------------------
-FAILING = """\
-CREATE TABLE IF NOT EXISTS orders (
-    op_id text PRIMARY KEY
-);
--- the next statement has a typo
-CREATE TABEL IF NOT EXISTS order_lines (
-    op_id text
-);
-"""
-
-
-@pytest.mark.integration
-def test_failing_ddl_names_the_file_the_statement_and_the_fix(txchaos_stack: object, tmp_path: Path) -> None:
-    from harness.clients import db
-
-    path = tmp_path / "orders.sql"
-    path.write_text(FAILING)
-    schema = spec(str(path)).schema
-    assert isinstance(schema, Schema)
-    eng = db.engine(txchaos_stack.postgres_url)  # type: ignore[attr-defined]
-    try:
-        with pytest.raises(ConfigError) as info:
-            db.apply_schema(eng, schema)
-    finally:
-        eng.dispose()
-    text = str(info.value)
-    assert str(path) in text
-    assert "line 5" in text
-    assert "CREATE TABEL IF NOT EXISTS order_lines" in text
-    assert "Hint:" in text
-    assert info.value.exit_code == 2
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    ("ddl", "named", "fix"),
-    [
-        ("CREATE TABLE IF NOT EXISTS t5_other (op_id text);", "effect_table 'orders' does not exist", "create table"),
-        ("CREATE TABLE IF NOT EXISTS orders (id text);", "has no column 'op_id'", "add column op_id"),
-    ],
-)
-def test_the_effect_table_is_checked_right_after_the_schema(
-    txchaos_stack: object, ddl: str, named: str, fix: str
-) -> None:
-    from harness.clients import db
-
-    eng = db.engine(txchaos_stack.postgres_url)  # type: ignore[attr-defined]
-    try:
-        with eng.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE IF EXISTS orders")
-        with pytest.raises(ConfigError) as info:
-            db.apply_schema(eng, spec(Schema.sql(ddl)).schema)  # type: ignore[arg-type]
-    finally:
-        with eng.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE IF EXISTS orders; DROP TABLE IF EXISTS t5_other")
-        eng.dispose()
-    assert named in str(info.value)
-    assert fix in str(info.value)

@@ -1,0 +1,1 @@
+"""The orders service: the stage that places an order and tells the shipping service."""
