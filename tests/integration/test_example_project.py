@@ -162,3 +162,30 @@ def test_the_effect_table_is_checked_right_after_the_schema(
         eng.dispose()
     assert named in str(info.value)
     assert fix in str(info.value)
+
+
+@pytest.mark.integration
+@pytest.mark.kafka
+def test_the_exported_run_scenario_runs_a_kafka_spec_on_kafka(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    # Before: harness.run_scenario was the ActiveMQ runner and ran this spec as STOMP workers,
+    # reporting dead-lettered=10 instead of the duplicate a crash before the offset commit makes.
+    import json
+
+    import harness
+
+    spec = ScenarioSpec(
+        name="kafka_api",
+        variant="naive",
+        broker="kafka",
+        handler="harness.patterns.kafka_consumer:naive",
+        schema="kafka_consumer",
+        effect_table="kafka_effects",
+        messages=10,
+        options={"batch_size": 5, "partitions": 1},
+        crashes=(harness.Crash("before_offset_commit", op_index=2),),
+        timeout_s=60,
+    )
+    result = harness.run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    kinds = {json.loads(p.read_text())["kind"] for p in (result.run_dir / "workers").glob("*.json")}
+    assert kinds == {"kafka"}
+    assert set(result.verdict.found()) == {"duplicate-effect"}, result.verdict.headline()
