@@ -2,7 +2,9 @@
 
 The driver reads what the workers wrote while the flow still runs (for example, to tell whether a
 message a killed worker held has been redelivered and committed yet). Each segment is read from
-where the previous call stopped; a line is taken only once it is complete.
+where the previous call stopped; a line is taken only once it is complete. A complete line that is
+not JSON (a torn write the next event was appended to) is counted in ``damaged`` and skipped,
+as the reader does; it must not stop the driver that follows the run.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class LedgerTail:
     def __init__(self, ledger_dir: Path) -> None:
         self.seg_dir = ledger_dir / "segments"
         self._offsets: dict[Path, int] = {}
+        self.damaged = 0
 
     def new(self) -> Iterator[dict[str, Any]]:
         """Yield every complete event written since the last call, segment by segment."""
@@ -34,4 +37,9 @@ class LedgerTail:
             end = data.rfind(b"\n") + 1  # a line still being written is left for the next call
             self._offsets[seg] = start + end
             for raw in data[:end].splitlines():
-                yield json.loads(raw)
+                try:
+                    row = json.loads(raw)
+                except ValueError:
+                    self.damaged += 1
+                    continue
+                yield row

@@ -129,7 +129,7 @@ def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = Non
         from harness.verify import spark  # starts a JVM: import only when asked
 
         verdict = spark.check_run(run_dir, contract, scenario=scenario, seed=seed, master=master)
-    elif engine == "in-process":
+    else:
         from harness.verify import checker
 
         verdict = checker.check_run(run_dir, contract, scenario=scenario, seed=seed)

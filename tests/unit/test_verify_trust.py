@@ -23,6 +23,7 @@ from harness.errors import EXIT_INCOMPLETE, ConfigError, IncompleteEvidence
 from harness.ledger import synth
 from harness.ledger.reader import PARQUET_NAME, compact, read_segments
 from harness.ledger.schema import Kind
+from harness.ledger.tail import LedgerTail
 from harness.ledger.writer import LedgerWriter
 from harness.run.folder import RunFolder
 from harness.verify import checker
@@ -168,6 +169,18 @@ def test_torn_lines_are_counted_and_skipped_alone(tmp_path: Path) -> None:
     layout = json.loads((run / "ledger" / PARQUET_NAME / "_layout.json").read_text())
     assert layout["damaged_lines"] == {seg.name: 3}
     assert checker.check_run(run, FlowContract()).damaged_lines == {seg.name: 3}
+
+
+def test_the_live_tail_skips_a_damaged_line_and_keeps_following(tmp_path: Path) -> None:
+    run = _run(tmp_path / "run", snapshot=True)
+    seg = next((run / "ledger" / "segments").glob("worker-0-*.jsonl"))
+    whole = len(seg.read_bytes().splitlines())
+    lines = seg.read_bytes().splitlines(keepends=True)
+    lines[2] = b"\x00\x00 torn\n"
+    seg.write_bytes(b"".join(lines))
+    tail = LedgerTail(run / "ledger")
+    assert sum(1 for e in tail.new() if e["src"] == "worker-0") == whole - 1
+    assert tail.damaged == 1
 
 
 # -- finding 3: never guess a contract -------------------------------------------------------
