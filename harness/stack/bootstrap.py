@@ -375,7 +375,8 @@ def ensure_allure(*, verify: bool = False) -> str | None:
     if _intact("allure", target, target / MARKER_NAME, verify=verify):
         return str(install(root))  # in place: returns at once
     if not shutil.which("npm"):
-        print(f"{_PREFIX[0]}: npm missing, HTML reports off (Debian: `apt-get install -y npm`)", file=sys.stderr)
+        hint = f"Debian: `apt-get install -y npm`, then {INSTALL}"
+        print(f"{_PREFIX[0]}: npm missing, HTML reports off ({hint})", file=sys.stderr)
         return None
     _say(f"installing the Allure command line {ALLURE_VERSION} with npm (once, about a minute)...")
     exe = install(root)
