@@ -114,5 +114,9 @@ def test_verify_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     clean = tmp_path / "clean"
     with LedgerWriter(clean / "ledger", "driver") as w:
         _flow(w, "op-1")
+    # A folder without its manifest has no contract to judge by: refused, never guessed (issue 12).
+    assert verify_main([str(clean), "--engine", "in-process"]) == 2
+    assert "manifest.json" in capsys.readouterr().err
+    (clean / "manifest.json").write_text(json.dumps({"complete": True, "contract": {"expects_downstream": True}}))
     assert verify_main([str(clean), "--engine", "in-process"]) == 0
     assert "CLEAN" in capsys.readouterr().out
