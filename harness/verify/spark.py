@@ -8,6 +8,7 @@ per-latency-bucket aggregates, fault events, and the bounded witnesses' event ch
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -160,6 +161,13 @@ def check_master(master: str) -> None:
     )
 
 
+def _warehouse() -> str:
+    """Return a warehouse folder for this process, removed when it exits (no job writes tables there)."""
+    path = tempfile.mkdtemp(prefix="txchaos-spark-wh-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def spark_session(master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g") -> SparkSession:
     """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory.
 
@@ -178,7 +186,7 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
         .config("spark.driver.memory", driver_memory)
         .config("spark.driver.extraJavaOptions", _java_options())
         .config("spark.executor.memory", executor_memory)
-        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="txchaos-spark-wh-"))
+        .config("spark.sql.warehouse.dir", _warehouse())
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.ansi.enabled", "false")
         .config("spark.sql.adaptive.enabled", "false")
