@@ -103,7 +103,7 @@ def loopback_source(text: str) -> str:
         if text.count(call) != 1:
             raise StackError(
                 f"DTM's svr.go has {text.count(call)} copies of `{call}`, expected 1",
-                hint=f"the loopback build knows DTM {bootstrap.DTM_VERSION} only: rerun `./txchaos` at that pin",
+                hint=f"the loopback build knows DTM {bootstrap.DTM_VERSION} only: run `txchaos install` at that pin",
             )
         text = text.replace(call, call.replace('":%d"', f'"{LOOPBACK}:%d"'))
     return text
@@ -125,7 +125,7 @@ def loopback_binary(release_binary: str) -> str:
     if go is None or not (module_dir / "dtmsvr" / "svr.go").exists():
         raise StackError(
             f"cannot build the loopback DTM server: {'no `go`' if go is None else f'no DTM sources in {module_dir}'}",
-            hint="run `./txchaos` once more: it installs Go and the DTM sources",
+            hint="run `txchaos install` once more: it installs Go and the DTM sources",
         )
     partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")  # two stacks starting at once each build
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-loopback-") as tmp:
@@ -147,7 +147,7 @@ def loopback_binary(release_binary: str) -> str:
             if proc.returncode != 0:
                 raise StackError(
                     f"building the loopback DTM server failed: {' '.join(cmd[:3])}",
-                    hint="run `./txchaos` once more (it refills the Go caches), then start again",
+                    hint="run `txchaos install` once more (it refills the Go caches), then start again",
                     log_tail=proc.stdout + proc.stderr,
                 )
     partial.rename(dest)
