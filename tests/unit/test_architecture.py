@@ -25,7 +25,7 @@ ADAPTERS = {
 # Layers, lowest first: a module may import only from its own layer or below.
 LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
-    {"errors", "paths", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
+    {"errors", "paths", "resources", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
     {"stack", "clients"},
     {"ledger", "worker", "patterns", "faults"},
     {"verify"},
@@ -62,6 +62,12 @@ def _imports() -> list[tuple[str, str, str]]:
 def test_driver_imported_only_by_its_adapter(driver: str) -> None:
     users = {rel for rel, _, name in _imports() if name == driver or name.startswith(driver + ".")}
     assert users <= ADAPTERS[driver], f"{driver} imported outside its adapter: {sorted(users - ADAPTERS[driver])}"
+
+
+def test_every_module_has_a_layer() -> None:
+    # A module in no layer escapes the one-way rule silently (harness.resources did).
+    loose = sorted({module for _, module, _ in _imports() if module != "harness" and _layer(module) < 0})
+    assert not loose, f"modules in no layer of LAYERS: {loose}"
 
 
 def test_imports_point_one_way() -> None:
