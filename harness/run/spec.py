@@ -2,77 +2,24 @@
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 
 from harness.errors import ConfigError
 from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
 from harness.patterns.saga_options import SagaOptions
+from harness.run.checks import (
+    check_handler,
+    check_identifier,
+    check_int,
+    check_items,
+    check_name,
+    check_options,
+    check_seconds,
+)
 from harness.run.schema import Schema
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
-
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
-
-
-def _check_name(label: str, value: object) -> None:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ConfigError(
-            f"{label} {value!r} is not a simple name",
-            hint="use lower-case letters, digits, '-' and '_' (at most 41 characters)",
-        )
-
-
-_HANDLER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-def _check_handler(value: object) -> None:
-    if not isinstance(value, str) or not _HANDLER.match(value):
-        raise ConfigError(f"handler {value!r} is not an import path", hint="write it as 'package.module:function'")
-
-
-def _check_int(label: str, value: object, low: int, high: int) -> None:
-    """Refuse anything but an int in [low, high]: a bool, a float or a numeric string included."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(
-            f"{label}={value!r} is a {type(value).__name__}, not a whole number",
-            hint=f"write {label} as an int from {low:,} to {high:,}",
-        )
-    if not low <= value <= high:
-        raise ConfigError(f"{label}={value} is out of range", hint=f"choose {label} from {low:,} to {high:,}")
-
-
-def _check_seconds(label: str, value: object, low: float, high: float, *, above_low: bool = False) -> None:
-    """Refuse anything but a finite number of seconds in the range (nan compares false to all)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(
-            f"{label}={value!r} is not a finite number of seconds", hint=f"write {label} as a number of seconds"
-        )
-    if value < low or value > high or (above_low and value == low):
-        low_text = f"> {low}" if above_low else f">= {low}"
-        raise ConfigError(f"{label}={value} is out of range", hint=f"{label} must be {low_text} and <= {high} seconds")
-
-
-def _check_identifier(label: str, value: object) -> None:
-    # Table and column names go into SQL text quoted: a plain identifier keeps that safe.
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
-        raise ConfigError(
-            f"{label} {value!r} is not a plain SQL identifier",
-            hint="use letters, digits and '_' (not starting with a digit, at most 63 characters)",
-        )
-
-
-def _check_options(label: str, value: object) -> None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"{label} {value!r} is not a dict with string keys", hint="pass options as {'name': value}")
-
-
-def _check_items(label: str, value: object, kind: type, example: str) -> None:
-    if not isinstance(value, tuple | list | frozenset | set) or not all(isinstance(v, kind) for v in value):
-        raise ConfigError(f"{label}={value!r} is not a tuple of {kind.__name__}", hint=f"write {label}=({example},)")
 
 
 @dataclass(frozen=True)
@@ -96,13 +43,13 @@ class Crash:
                 f"crash point {self.point!r} is not a name", hint="name a crash point, e.g. 'after_db_commit'"
             )
         if self.op_index is not None:
-            _check_int("crash op_index", self.op_index, 0, 999_999)
+            check_int("crash op_index", self.op_index, 0, 999_999)
         if self.nth is not None:
             if isinstance(self.nth, int) and not isinstance(self.nth, bool) and self.nth < 1:
                 raise ConfigError(
                     f"crash nth={self.nth} is not a count", hint="nth counts from 1: nth=1 is the 1st hit"
                 )
-            _check_int("crash nth", self.nth, 1, 1_000_000)
+            check_int("crash nth", self.nth, 1, 1_000_000)
         if not isinstance(self.action, str):
             raise ConfigError(f"crash action {self.action!r} is not a name", hint="use 'kill' or a redelivery name")
         if self.worker is not None and not isinstance(self.worker, str):
@@ -137,8 +84,8 @@ class FaultWindow:
                 f"fault {self.fault!r} is not a fault spec",
                 hint="use Latency(...), ResetPeer(), Partition(), KillBroker(...) from harness.faults",
             )
-        _check_seconds("fault hold_s", self.hold_s, 0, 120, above_low=True)
-        _check_int("fault after_ops", self.after_ops, 0, 1_000_000)
+        check_seconds("fault hold_s", self.hold_s, 0, 120, above_low=True)
+        check_int("fault after_ops", self.after_ops, 0, 1_000_000)
         is_broker = type(self.fault).__name__ == "KillBroker"
         if not is_broker and self.target not in NETWORK_TARGETS:
             raise ConfigError(
@@ -161,10 +108,10 @@ class Stage:
     options: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_name("stage name", self.name)
-        _check_handler(self.handler)
-        _check_int(f"stage {self.name} workers", self.workers, 1, 16)
-        _check_options(f"stage {self.name} options", self.options)
+        check_name("stage name", self.name)
+        check_handler(self.handler)
+        check_int(f"stage {self.name} workers", self.workers, 1, 16)
+        check_options(f"stage {self.name} options", self.options)
 
 
 @dataclass(frozen=True)
@@ -181,11 +128,11 @@ class Helper:
     options: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_name("helper name", self.name)
-        _check_handler(self.handler)
+        check_name("helper name", self.name)
+        check_handler(self.handler)
         if not isinstance(self.port, bool):
             raise ConfigError(f"helper {self.name} port={self.port!r} is not True/False", hint="write port=True")
-        _check_options(f"helper {self.name} options", self.options)
+        check_options(f"helper {self.name} options", self.options)
 
 
 @dataclass(frozen=True)
@@ -235,9 +182,9 @@ class ScenarioSpec:
     broker: str = "activemq"
 
     def __post_init__(self) -> None:
-        _check_name("scenario name", self.name)
-        _check_name("scenario variant", self.variant)
-        _check_handler(self.handler)
+        check_name("scenario name", self.name)
+        check_name("scenario variant", self.variant)
+        check_handler(self.handler)
         self._check_types()
         names = ["worker", *(s.name for s in self.chain), *(h.name for h in self.helpers)]
         if len(set(names)) != len(names):
@@ -309,23 +256,23 @@ class ScenarioSpec:
 
     def _check_types(self) -> None:
         """Check every field's type and range, and normalise the collections and the schema."""
-        _check_int("messages", self.messages, 1, 1_000_000)
-        _check_int("workers", self.workers, 1, 16)
-        _check_int("seed", self.seed, -(2**63), 2**63 - 1)
-        _check_seconds("timeout_s", self.timeout_s, 0, 86_400, above_low=True)
-        _check_seconds("settle_s", self.settle_s, 0, 600)
-        _check_identifier("effect_table", self.effect_table)
-        _check_identifier("effect_column", self.effect_column)
+        check_int("messages", self.messages, 1, 1_000_000)
+        check_int("workers", self.workers, 1, 16)
+        check_int("seed", self.seed, -(2**63), 2**63 - 1)
+        check_seconds("timeout_s", self.timeout_s, 0, 86_400, above_low=True)
+        check_seconds("settle_s", self.settle_s, 0, 600)
+        check_identifier("effect_table", self.effect_table)
+        check_identifier("effect_column", self.effect_column)
         if self.outbox_table is not None:
-            _check_identifier("outbox_table", self.outbox_table)
-        _check_options("options", self.options)
-        _check_items("crashes", self.crashes, Crash, 'Crash("after_db_commit", op_index=3)')
-        _check_items("faults", self.faults, FaultWindow, 'FaultWindow(Latency(100), target="postgres")')
-        _check_items("chain", self.chain, Stage, 'Stage("ship", "mypkg.stages:ship")')
-        _check_items("helpers", self.helpers, Helper, 'Helper("relay", "mypkg.relay:main")')
-        _check_items("points", self.points, str, '"after_reserve"')
-        _check_items("expect", self.expect, str, '"duplicate-effect"')
-        _check_items("poison", self.poison, int, "3")
+            check_identifier("outbox_table", self.outbox_table)
+        check_options("options", self.options)
+        check_items("crashes", self.crashes, Crash, 'Crash("after_db_commit", op_index=3)')
+        check_items("faults", self.faults, FaultWindow, 'FaultWindow(Latency(100), target="postgres")')
+        check_items("chain", self.chain, Stage, 'Stage("ship", "mypkg.stages:ship")')
+        check_items("helpers", self.helpers, Helper, 'Helper("relay", "mypkg.relay:main")')
+        check_items("points", self.points, str, '"after_reserve"')
+        check_items("expect", self.expect, str, '"duplicate-effect"')
+        check_items("poison", self.poison, int, "3")
         if not isinstance(self.contract, FlowContract):
             raise ConfigError(f"contract {self.contract!r} is not a FlowContract", hint="pass FlowContract(...)")
         if not isinstance(self.broker, str) or not isinstance(self.description, str):
