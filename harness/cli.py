@@ -288,7 +288,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_install(args: argparse.Namespace) -> int:
     from harness.stack.bootstrap import install
 
-    return install(verify=args.verify)
+    code = install(verify=args.verify)
+    if code != 0 or not args.docker:
+        return code
+    from harness.stack.docker_engine import ensure_engine
+
+    # Engine, base image, Compose v2 and the images; a daemon it starts keeps running for `up`.
+    ensure_engine()
+    console.print("docker provider ready: `txchaos up --provider docker`")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -315,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
         "install", help="install the services (Postgres, jars, Toxiproxy, DTM, Allure) into the cache; idempotent"
     )
     p.add_argument("--verify", action="store_true", help="hash every installed file again; reinstall what changed")
+    p.add_argument(
+        "--docker",
+        action="store_true",
+        help="also set up the docker provider: docker.io, a dockerd, a base image, Compose v2 and the images",
+    )
     p.set_defaults(func=cmd_install)
 
     p = sub.add_parser("up", help="start a stack and keep it running; prints the endpoints")

@@ -1,6 +1,8 @@
 """Broker faults: kill -9 of ActiveMQ, Kafka, Postgres or DTM, and a restart on the same data and ports.
 
-Works from ``Endpoints`` alone: the local provider writes each service's spawn recipe to
+Works from ``Endpoints`` alone. On the docker provider a kill is ``docker kill --signal KILL`` of
+the service's container and a restart is ``docker start`` of the same container (its data is in
+it). On the local provider: the local provider writes each service's spawn recipe to
 ``<state_dir>/services/<name>.json``; a kill finds the process group by its registry tag, a
 restart spawns the recipe again through ``harness.stack.procs.spawn`` (so the reaping and the
 PDEATHSIG guarantees still hold) and waits until the service answers through its proxy.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import check_name
+from harness.stack import docker
 from harness.stack.base import Endpoints
 from harness.stack.local import ServiceRecipe, readiness, stop_tagged, tagged_pids
 from harness.stack.procs import Managed, spawn
@@ -64,19 +67,33 @@ def _recipe(stack: Endpoints, service: str) -> ServiceRecipe:
     check_name("service", service, SERVICES)
     if stack.provider != "local":
         raise ConfigError(
-            f"broker faults need the local provider, this stack is {stack.provider!r}",
-            hint="run with --txchaos-provider local (docker restarts are not implemented)",
+            f"broker faults know the local and docker providers, this stack is {stack.provider!r}",
+            hint="run with --txchaos-provider local or docker",
         )
     return ServiceRecipe.load(stack.state_dir, service)
 
 
+def _in_docker(stack: Endpoints, service: str) -> bool:
+    check_name("service", service, SERVICES)
+    return stack.provider == "docker"
+
+
 def is_running(stack: Endpoints, service: str) -> bool:
     """Return True when a process of ``service`` is alive (it may not answer yet)."""
+    if _in_docker(stack, service):
+        return docker.service_running(service, stack.stack_id)
     return bool(tagged_pids(_recipe(stack, service).tag))
 
 
 def kill_service(stack: Endpoints, service: str) -> list[int]:
     """SIGKILL every process group of ``service`` (its data stays on disk); returns the pids killed."""
+    if _in_docker(stack, service):
+        killed = docker.kill_service(service, stack.stack_id)
+        if not killed:
+            raise HarnessError(
+                f"{service} of stack {stack.stack_id} is not running", hint="restart it before killing it"
+            )
+        return killed
     recipe = _recipe(stack, service)
     killed = stop_tagged(recipe.tag, sig=signal.SIGKILL, timeout=0.1)
     if not killed:
@@ -89,6 +106,13 @@ def kill_service(stack: Endpoints, service: str) -> list[int]:
 
 def restart_service(stack: Endpoints, service: str) -> float:
     """Spawn ``service`` again from its recipe; returns seconds until it answers through its proxy."""
+    if _in_docker(stack, service):
+        if docker.service_running(service, stack.stack_id):
+            raise HarnessError(f"{service} of stack {stack.stack_id} is still running", hint="kill it first")
+        began = time.monotonic()
+        docker.start_service(service, stack.stack_id)
+        readiness(service, stack).run(None)
+        return time.monotonic() - began
     recipe = _recipe(stack, service)
     if tagged_pids(recipe.tag):
         raise HarnessError(f"{service} of stack {stack.stack_id} is still running", hint="kill it first")
@@ -125,7 +149,8 @@ class KillBroker:
 
     def on(self, stack: Endpoints) -> BrokerCrash:
         """Bind to ``stack`` (checks now that the stack can be restarted, before anything is killed)."""
-        _recipe(stack, self.service)
+        if not _in_docker(stack, self.service):
+            _recipe(stack, self.service)
         return BrokerCrash(self.service, stack)
 
 

@@ -70,7 +70,7 @@ def make_provider(
                 f"provider 'docker' asked for, but it cannot run the stack here: {problem}",
                 hint="fix that, or use --provider local (real binaries, no containers; `txchaos install` sets them up)",
             )
-        return DockerProvider()
+        return DockerProvider(detached=detached)
     from harness.stack.local import LocalProvider
 
     return LocalProvider(detached=detached)

@@ -1,13 +1,14 @@
-"""docker-compose.yml and fixtures/toxiproxy/proxies.json build the topology of harness/stack/topology.py.
+"""docker-compose.yml and the project's Dockerfiles build the local provider's topology and settings.
 
-No services and no Docker daemon: the files are parsed and compared, and the comparison itself is
-shown to catch drift on deliberately broken copies.
+No services and no Docker daemon: the files are parsed and compared with ``topology`` and with the
+local provider's own commands, and the comparison itself is shown to catch drift on broken copies.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
@@ -18,20 +19,22 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.errors import ConfigError, StackError
+from harness.errors import ConfigError
+from harness.stack import bootstrap, docker_engine, docker_images, local
 from harness.stack import topology as topo
 from harness.stack.docker import (
     COMPOSE_FILE,
+    OWNER_LABEL,
     PUBLISHED_HOST,
-    DockerProvider,
+    STACK_LABEL,
     compose_endpoints,
     compose_topology_errors,
     docker_available,
-    kafka_env_property,
-    read_properties,
+    owner_role_sql,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = ROOT / "fixtures" / "docker"
 
 
 @pytest.fixture(scope="module")
@@ -39,377 +42,203 @@ def compose() -> dict[str, Any]:
     return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
 
 
-@pytest.fixture(scope="module")
-def proxies() -> list[dict[str, Any]]:
-    return list(json.loads((ROOT / "fixtures" / "toxiproxy" / "proxies.json").read_text()))
+def _entrypoint(service: str) -> list[str]:
+    """Return the exec-form ENTRYPOINT of ``service``'s Dockerfile."""
+    text = (DOCKERFILES / service / "Dockerfile").read_text()
+    found = re.findall(r"(?m)^ENTRYPOINT (\[.*\])$", text)
+    assert len(found) == 1, f"{service}: one exec-form ENTRYPOINT expected"
+    return list(json.loads(found[0]))
 
 
-@pytest.fixture(scope="module")
-def server_properties() -> dict[str, str]:
-    return read_properties((ROOT / "fixtures" / "kafka" / "server.properties").read_text())
+def _settings(argv: list[str]) -> dict[str, str]:
+    """Return the ``-c key=value`` settings of a postgres command line."""
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-c")
 
 
 def test_provider_reads_the_repository_compose_file() -> None:
     assert ROOT / "docker-compose.yml" == COMPOSE_FILE
 
 
-def test_compose_agrees_with_topology(
-    compose: dict[str, Any], proxies: list[dict[str, Any]], server_properties: dict[str, str]
-) -> None:
-    assert compose_topology_errors(compose, proxies, server_properties) == []
+def test_compose_agrees_with_topology(compose: dict[str, Any]) -> None:
+    assert compose_topology_errors(compose) == []
 
 
-def test_services_and_pinned_versions(compose: dict[str, Any]) -> None:
+def test_services_run_the_projects_images_on_the_hosts_loopback(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", "activemq", "kafka", "toxiproxy", "dtm"}
-    assert services["postgres"]["image"] == "postgres:15"
-    assert services["activemq"]["image"] == "apache/activemq-classic:6.1.8"
-    assert services["kafka"]["image"] == "apache/kafka:4.1.2"
-    assert services["toxiproxy"]["image"] == "golang:1.24"
-    assert services["dtm"]["image"] == "yedf/dtm:1.19.0"
-    install = " ".join(" ".join(services["toxiproxy"]["command"]).split())
-    assert "go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0" in install
+    assert {name: s["image"] for name, s in services.items()} == {
+        "postgres": "txchaos/postgres:15",
+        "activemq": "txchaos/activemq:6.1.8",
+        "kafka": "txchaos/kafka:4.1.2",
+        "toxiproxy": "txchaos/toxiproxy:2.12.0",
+        "dtm": "txchaos/dtm:1.19.0",
+    }
     for service in services.values():
-        assert service["healthcheck"]["test"]
+        assert service["network_mode"] == "host"
+        assert "ports" not in service
+        assert service["labels"][STACK_LABEL] == "txchaos"
+        assert service["labels"][OWNER_LABEL] == "${TXCHAOS_OWNER:-detached}"
 
 
-def test_only_toxiproxy_publishes_ports(compose: dict[str, Any]) -> None:
-    services = compose["services"]
-    for name in ("postgres", "activemq", "kafka", "dtm"):
-        assert "ports" not in services[name], f"{name} must be reachable only through Toxiproxy"
-    published = {str(p) for p in services["toxiproxy"]["ports"]}
-    expected = {f"127.0.0.1:{p}:{p}" for p in (8474, *(r.listen_port for r in topo.PROXIES))}
-    assert published == expected
-    service_ports = {s.port for s in topo.SERVICES if s is not topo.TOXIPROXY}
-    assert not {int(p.rsplit(":", 1)[1]) for p in published} & service_ports
+@pytest.mark.parametrize("service", [s.name for s in topo.SERVICES])
+def test_every_dockerfile_builds_on_the_configurable_base(service: str) -> None:
+    text = (DOCKERFILES / service / "Dockerfile").read_text()
+    arg = text.index(f"ARG {docker_images.BASE_ENV}=")
+    assert text.index(f"FROM ${{{docker_images.BASE_ENV}}}") > arg
+    assert re.search(r"(?m)^FROM ", text)
+    assert len(re.findall(r"(?m)^FROM ", text)) == 1
 
 
-def test_proxies_json_equals_topology_routes(proxies: list[dict[str, Any]]) -> None:
-    assert [p["name"] for p in proxies] == [r.name for r in topo.PROXIES]
-    for entry, route in zip(proxies, topo.PROXIES, strict=True):
-        assert entry["listen"] == f"0.0.0.0:{route.listen_port}"
-        assert entry["upstream"] == f"{route.service}:{route.port}"
-        assert entry["enabled"] is True
+def test_postgres_runs_the_local_providers_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
+    provider = local.LocalProvider()
+    provider._tools = bootstrap.Tools("java", "/usr/lib/postgresql/15/bin", "a", "k", "t", None, "d")
+    provider._pg_started = True  # the argv only: no template, no data folder
+    argv, _ = provider._postgres_argv(fresh=False)
+    ours = _entrypoint("postgres")
+    assert _settings(ours) == _settings(argv)
+    assert _settings(ours)["listen_addresses"] == "127.0.0.1"
+    assert ours[ours.index("-p") + 1] == str(topo.POSTGRES.port)
+    dockerfile = (DOCKERFILES / "postgres" / "Dockerfile").read_text()
+    assert f"-U {topo.DB_ADMIN}" in dockerfile
+    assert "--auth-host=scram-sha-256" in dockerfile
 
 
-def test_kafka_advertises_the_proxy_and_keeps_its_own_ports(compose: dict[str, Any]) -> None:
-    env = compose["services"]["kafka"]["environment"]
-    kafka_proxy = topo.proxy_for("kafka")
-    advertised = env["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    assert f"EXTERNAL://{PUBLISHED_HOST}:{kafka_proxy.listen_port}" in advertised
-    assert f"INTERNAL://kafka:{topo.KAFKA_INTERNAL_PORT}" in advertised
-    listeners = env["KAFKA_LISTENERS"].split(",")
-    assert f"EXTERNAL://0.0.0.0:{topo.KAFKA.port}" in listeners
-    assert f"INTERNAL://0.0.0.0:{topo.KAFKA_INTERNAL_PORT}" in listeners
-    assert f"CONTROLLER://0.0.0.0:{topo.KAFKA_CONTROLLER_PORT}" in listeners
-    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
+@pytest.mark.parametrize(("service", "heap"), [("activemq", "-Xmx256m"), ("kafka", "-Xmx384m")])
+def test_brokers_run_with_the_local_providers_jvm_flags(service: str, heap: str) -> None:
+    argv = _entrypoint(service)
+    assert argv[:3] == ["java", heap, "-Xms64m"]
+    assert argv[3 : 3 + len(local.JVM_FLAGS)] == local.JVM_FLAGS
 
 
-def test_kafka_env_agrees_with_server_properties(compose: dict[str, Any], server_properties: dict[str, str]) -> None:
-    env = compose["services"]["kafka"]["environment"]
-    assert env["KAFKA_PROCESS_ROLES"] == server_properties["process.roles"] == "broker,controller"
-    assert env["KAFKA_NODE_ID"] == server_properties["node.id"] == "1"
-    assert (
-        "./fixtures/kafka/server.properties:/mnt/shared/config/server.properties:ro"
-        in (compose["services"]["kafka"]["volumes"])
+def test_activemq_binds_loopback_on_the_topology_port() -> None:
+    argv = _entrypoint("activemq")
+    assert "-Dtxchaos.bind=127.0.0.1" in argv
+    assert f"-Dtxchaos.stomp.port={topo.ACTIVEMQ.port}" in argv
+
+
+def test_kafka_properties_append_the_listeners_to_the_shared_file() -> None:
+    text = docker_images.kafka_properties()
+    shared = (ROOT / "fixtures" / "kafka" / "server.properties").read_text()
+    assert text.startswith(shared)
+    props = dict(line.split("=", 1) for line in text[len(shared) :].splitlines() if "=" in line)
+    proxy = topo.proxy_for("kafka")
+    assert props["advertised.listeners"] == (
+        f"EXTERNAL://{PUBLISHED_HOST}:{proxy.listen_port},INTERNAL://127.0.0.1:{topo.KAFKA_INTERNAL_PORT}"
+    )
+    assert props["listeners"] == (
+        f"EXTERNAL://127.0.0.1:{topo.KAFKA.port},INTERNAL://127.0.0.1:{topo.KAFKA_INTERNAL_PORT},"
+        f"CONTROLLER://127.0.0.1:{topo.KAFKA_CONTROLLER_PORT}"
     )
 
 
-def test_activemq_mounts_the_shared_broker_config(compose: dict[str, Any]) -> None:
-    activemq = compose["services"]["activemq"]
-    assert "./fixtures/activemq/activemq.xml:/opt/apache-activemq/conf/activemq.xml:ro" in activemq["volumes"]
-    assert f"-Dtxchaos.stomp.port={topo.ACTIVEMQ.port}" in activemq["environment"]["ACTIVEMQ_OPTS"].split()
+def test_dtm_config_is_the_shared_file_on_the_topology_ports() -> None:
+    text = docker_images.dtm_config()
+    assert text.startswith((ROOT / "fixtures" / "dtm" / "dtm.yml").read_text().rstrip())
+    assert f"HttpPort: {topo.DTM.port}" in text
+    assert f"GrpcPort: {topo.DTM_GRPC_PORT}" in text
 
 
-def test_dtm_runs_the_shared_config_behind_its_proxy(compose: dict[str, Any], proxies: list[dict[str, Any]]) -> None:
-    service = compose["services"]["dtm"]
-    assert "./fixtures/dtm/dtm.yml:/app/dtm/configs/txchaos.yml:ro" in service["volumes"]
-    assert service["command"] == ["-c", "/app/dtm/configs/txchaos.yml"]
-    route = topo.proxy_for("dtm")
-    assert {"name": "dtm", "listen": f"0.0.0.0:{route.listen_port}", "upstream": "dtm:36789", "enabled": True} in (
-        proxies
-    )
-    assert '"dtm"' in " ".join(compose["services"]["toxiproxy"]["healthcheck"]["test"])
+def test_context_holds_the_local_pg_hba_and_its_digest_follows_the_base(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(docker_images, "cache_root", lambda: tmp_path)
+    tools = bootstrap.Tools("java", "pg", "a", "k", "t", None, "d")
+    context, digest = docker_images.assemble("postgres", tools, "debian:bookworm-slim")
+    assert sorted(p.name for p in context.iterdir()) == ["Dockerfile", "pg_hba.conf"]
+    assert (context / "pg_hba.conf").read_text() == local.PG_HBA
+    assert docker_images.assemble("postgres", tools, docker_images.LOCAL_BASE)[1] != digest
 
 
 def test_endpoints_are_the_proxy_side(tmp_path: Path) -> None:
-    ep = compose_endpoints("txchaos", tmp_path)
+    ep = compose_endpoints("txchaos", tmp_path, "s3cret")
+    assert ep.provider == "docker"
+    assert ep.stack_id == "txchaos"
     for field, service in (("postgres", "postgres"), ("stomp", "activemq"), ("kafka", "kafka"), ("dtm", "dtm")):
         endpoint = getattr(ep, field)
         route = topo.proxy_for(service)
         assert (endpoint.host, endpoint.port) == (PUBLISHED_HOST, route.listen_port)
-        assert endpoint.proxy == route.name
-        assert (endpoint.upstream_host, endpoint.upstream_port) == (service, route.port)
-    assert ep.toxiproxy_api == "http://127.0.0.1:8474"
-    assert ep.dtm_url == f"http://127.0.0.1:{topo.proxy_for('dtm').listen_port}/api/dtmsvr"
-    assert (ep.provider, ep.stack_id, ep.db_user) == ("docker", "txchaos", topo.DB_USER)
+        assert (endpoint.upstream_host, endpoint.upstream_port) == ("127.0.0.1", route.port)
+    assert ep.toxiproxy_api == f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}"
+    assert ep.postgres_url.endswith(f"txchaos:s3cret@{PUBLISHED_HOST}:15432/txchaos")
 
 
-@pytest.mark.parametrize(
-    ("key", "prop"),
-    [
-        ("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "listener.security.protocol.map"),
-        ("KAFKA_NODE_ID", "node.id"),
-        ("KAFKA_LOG__DIRS", "log_dirs"),
-        ("KAFKA_A___B", "a-b"),
-    ],
-)
-def test_kafka_env_property_names(key: str, prop: str) -> None:
-    assert kafka_env_property(key) == prop
+def test_owner_role_sql_makes_a_non_superuser_and_refuses_quotes() -> None:
+    sql = owner_role_sql("txchaos", "abc123", "txchaos")
+    assert "NOSUPERUSER" in sql
+    assert "PASSWORD 'abc123'" in sql
+    assert 'OWNER TO "txchaos"' in sql
+    with pytest.raises(ConfigError, match="not letters"):
+        owner_role_sql("txchaos", "x'; DROP ROLE postgres; --", "txchaos")
 
 
-# -- the comparison catches drift ---------------------------------------------------------------
+def test_apt_mirror_reads_deb822_and_one_line_sources(tmp_path: Path) -> None:
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.invalid/debian-security\nSuites: bookworm-security\n"
+    )
+    assert docker_engine.apt_mirror((deb822,)) == "http://mirror.invalid/debian"
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# comment\ndeb [arch=amd64] http://other.invalid/debian bookworm main\n")
+    assert docker_engine.apt_mirror((one_line,)) == "http://other.invalid/debian"
+    empty = tmp_path / "x.list"
+    empty.write_text("deb http://other.invalid/debian trixie main\n")
+    with pytest.raises(ConfigError, match="no Debian bookworm mirror"):
+        docker_engine.apt_mirror((empty,))
 
 
-def _kafka_env(c: dict[str, Any]) -> dict[str, Any]:
-    return dict(c["services"]["kafka"]["environment"])
-
-
-def _set_kafka_env(key: str, value: str) -> Callable[[dict[str, Any], list[dict[str, Any]]], None]:
-    def mutate(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-        c["services"]["kafka"]["environment"][key] = value
+def _set(service: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def mutate(c: dict[str, Any]) -> None:
+        c["services"][service][key] = value
 
     return mutate
 
 
-def _publish_postgres(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["postgres"]["ports"] = ["127.0.0.1:5432:5432"]
+def _drop(service: str, key: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(c: dict[str, Any]) -> None:
+        del c["services"][service][key]
+
+    return mutate
 
 
-def _wrong_upstream(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
-    p[2]["upstream"] = "kafka:29092"
+def _no_owner_label(c: dict[str, Any]) -> None:
+    c["services"]["kafka"]["labels"] = {STACK_LABEL: "txchaos"}
 
 
-def _drop_proxy(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
-    del p[1]
-
-
-def _old_kafka_image(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["kafka"]["image"] = "apache/kafka:3.9.0"
-
-
-def _old_toxiproxy(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    command = c["services"]["toxiproxy"]["command"]
-    c["services"]["toxiproxy"]["command"] = [s.replace("v2.12.0", "v2.11.0") for s in command]
-
-
-def _other_activemq_xml(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["activemq"]["volumes"] = ["./elsewhere/activemq.xml:/opt/apache-activemq/conf/activemq.xml"]
-
-
-def _unpublished_proxy(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["toxiproxy"]["ports"] = [p for p in c["services"]["toxiproxy"]["ports"] if "16613" not in p]
-
-
-def _extra_service(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["zookeeper"] = {"image": "zookeeper:3.9"}
-
-
-def _host_network(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["kafka"]["network_mode"] = "host"
-
-
-def _no_healthcheck(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    del c["services"]["activemq"]["healthcheck"]
-
-
-def _publish_dtm(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["dtm"]["ports"] = ["127.0.0.1:36789:36789"]
-
-
-def _drop_dtm_proxy(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
-    p[:] = [entry for entry in p if entry["name"] != "dtm"]
-
-
-def _dtm_upstream_grpc(_c: dict[str, Any], p: list[dict[str, Any]]) -> None:
-    next(entry for entry in p if entry["name"] == "dtm")["upstream"] = "dtm:36790"
-
-
-def _other_dtm_tag(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["dtm"]["image"] = "yedf/dtm:latest"
-
-
-def _dtm_config_elsewhere(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["dtm"]["volumes"] = ["./elsewhere/dtm.yml:/app/dtm/configs/txchaos.yml:ro"]
-
-
-def _dtm_default_command(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    del c["services"]["dtm"]["command"]
-
-
-def _dtm_port_from_env(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    c["services"]["dtm"]["environment"] = {"HTTP_PORT": "8080"}
-
-
-def _no_dtm_service(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    del c["services"]["dtm"]
-
-
-def _toxiproxy_health_ignores_dtm(c: dict[str, Any], _p: list[dict[str, Any]]) -> None:
-    health = c["services"]["toxiproxy"]["healthcheck"]
-    health["test"] = [part.replace("""&& grep -q '"dtm"' /tmp/proxies""", "") for part in health["test"]]
+def _extra_service(c: dict[str, Any]) -> None:
+    c["services"]["redis"] = copy.deepcopy(c["services"]["dtm"])
 
 
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (
-            _set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://127.0.0.1:9092,INTERNAL://kafka:29092"),
-            "advertised EXTERNAL",
-        ),
-        (
-            _set_kafka_env("KAFKA_ADVERTISED_LISTENERS", "EXTERNAL://kafka:9092,INTERNAL://kafka:29092"),
-            "advertised EXTERNAL",
-        ),
-        (
-            _set_kafka_env(
-                "KAFKA_LISTENERS", "EXTERNAL://0.0.0.0:9092,INTERNAL://0.0.0.0:29094,CONTROLLER://0.0.0.0:29093"
-            ),
-            "listeners",
-        ),
-        (_set_kafka_env("KAFKA_INTER_BROKER_LISTENER_NAME", "EXTERNAL"), "KAFKA_INTER_BROKER_LISTENER_NAME"),
-        (_set_kafka_env("KAFKA_NUM_PARTITIONS", "1"), "contradicts server.properties num.partitions"),
-        (_publish_postgres, "postgres: publishes"),
-        (_wrong_upstream, "proxies.json"),
-        (_drop_proxy, "proxies.json"),
-        (_old_kafka_image, "kafka: image"),
-        (_old_toxiproxy, "go install"),
-        (_other_activemq_xml, "activemq.xml is not mounted"),
-        (_unpublished_proxy, "toxiproxy: publishes"),
-        (_extra_service, "compose services"),
-        (_host_network, "network_mode"),
-        (_no_healthcheck, "activemq: no healthcheck"),
-        (_publish_dtm, "dtm: publishes"),
-        (_drop_dtm_proxy, "proxies.json"),
-        (_dtm_upstream_grpc, "proxies.json"),
-        (_other_dtm_tag, "dtm: image"),
-        (_dtm_config_elsewhere, "dtm.yml is not mounted"),
-        (_dtm_default_command, "dtm: command"),
-        (_dtm_port_from_env, "dtm: environment sets ['HTTP_PORT']"),
-        (_no_dtm_service, "compose services"),
-        (_toxiproxy_health_ignores_dtm, "healthcheck does not wait for proxy 'dtm'"),
+        (_set("kafka", "image", "apache/kafka:4.1.2"), "kafka: image"),
+        (_set("postgres", "image", "postgres:15"), "postgres: image"),
+        (_drop("dtm", "network_mode"), "dtm: network_mode"),
+        (_set("postgres", "ports", ["127.0.0.1:5432:5432"]), "postgres: publishes"),
+        (_drop("activemq", "pull_policy"), "activemq: pull_policy"),
+        (_no_owner_label, f"kafka: no {OWNER_LABEL} label"),
+        (_drop("toxiproxy", "healthcheck"), "toxiproxy: no healthcheck"),
+        (_extra_service, "compose services are"),
     ],
 )
 def test_comparison_reports_drift(
-    compose: dict[str, Any],
-    proxies: list[dict[str, Any]],
-    server_properties: dict[str, str],
-    mutate: Callable[[dict[str, Any], list[dict[str, Any]]], None],
-    expected: str,
+    compose: dict[str, Any], mutate: Callable[[dict[str, Any]], None], expected: str
 ) -> None:
-    broken, broken_proxies = copy.deepcopy(compose), copy.deepcopy(proxies)
-    mutate(broken, broken_proxies)
-    errors = compose_topology_errors(broken, broken_proxies, server_properties)
-    assert any(expected in e for e in errors), errors
-
-
-def test_wrong_kafka_advertised_port_is_reported(compose: dict[str, Any], proxies: list[dict[str, Any]]) -> None:
     broken = copy.deepcopy(compose)
-    env = _kafka_env(broken)
-    env["KAFKA_ADVERTISED_LISTENERS"] = env["KAFKA_ADVERTISED_LISTENERS"].replace(":19092", ":19093")
-    broken["services"]["kafka"]["environment"] = env
-    [error] = compose_topology_errors(broken, proxies)
-    assert "19093" in error
-    assert "127.0.0.1:19092" in error
+    mutate(broken)
+    errors = compose_topology_errors(broken)
+    assert any(e.startswith(expected) for e in errors), errors
 
 
-# -- no daemon here ------------------------------------------------------------------------------
-
-_DAEMON = docker_available()
-
-
-@pytest.mark.skipif(_DAEMON, reason="a Docker daemon answers on this machine")
-def test_docker_available_is_false_and_quick_without_a_daemon() -> None:
+def test_docker_available_is_false_and_quick_without_a_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no.sock'}")
     started = time.monotonic()
-    assert docker_available(timeout_s=1.0) is False
-    assert time.monotonic() - started < 3.0
+    assert docker_available() is False
+    assert time.monotonic() - started < 5
 
 
-@pytest.mark.skipif(_DAEMON, reason="a Docker daemon answers on this machine")
-def test_start_without_a_daemon_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
-    provider = DockerProvider()
-    with pytest.raises(ConfigError, match="no Docker daemon") as info:
-        provider.start()
-    assert info.value.hint
-    assert not (tmp_path / "stacks").exists(), "nothing may be created before the daemon answers"
-    provider.stop()  # a no-op after a start that never began
-
-
-def test_importing_the_provider_does_not_import_docker() -> None:
-    code = (
-        "import sys, harness.stack.docker\n"
-        "loaded = [m for m in ('docker', 'testcontainers') if m in sys.modules]\n"
-        "assert not loaded, loaded\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-
-
-def test_stop_project_refuses_another_project(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("COMPOSE_PROJECT_NAME", raising=False)
-    with pytest.raises(ConfigError, match="not this checkout's project"):
-        DockerProvider.stop_project("someone-else")
-
-
-# -- health wait, on a stand-in for testcontainers' DockerCompose (the harness logic, not a service) ---
-
-
-class _FakeContainer:
-    def __init__(self, service: str, state: str = "running", health: str = "healthy") -> None:
-        self.Service, self.State, self.Health, self.ExitCode = service, state, health, 1
-
-
-class _FakeCompose:
-    def __init__(self, containers: list[_FakeContainer]) -> None:
-        self.containers = containers
-
-    def get_containers(self, include_all: bool = False) -> list[_FakeContainer]:
-        return self.containers
-
-    def get_logs(self, *services: str) -> tuple[str, str]:
-        return "".join(f"{s}-1  | line {i}\n" for s in services for i in range(100)), ""
-
-
-def _provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containers: list[_FakeContainer]) -> DockerProvider:
-    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
-    monkeypatch.delenv("COMPOSE_PROJECT_NAME", raising=False)
-    provider = DockerProvider(start_timeout_s=0.2, poll_s=0.05)
-    provider._compose = _FakeCompose(containers)
-    return provider
-
-
-def test_wait_passes_when_every_service_is_healthy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    names = [s.name for s in topo.SERVICES]
-    _provider(tmp_path, monkeypatch, [_FakeContainer(n) for n in names])._wait_healthy()
-
-
-def test_wait_fails_fast_with_the_log_tail_of_an_exited_service(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    containers = [_FakeContainer(s.name) for s in topo.SERVICES]
-    containers[2] = _FakeContainer("kafka", state="exited", health="")
-    provider = _provider(tmp_path, monkeypatch, containers)
-    with pytest.raises(StackError, match="kafka exited with code 1") as info:
-        provider._wait_healthy()
-    assert "server.properties" in (info.value.hint or "")
-    assert info.value.log_tail.splitlines()[-1] == "line 99"
-    assert "kafka-1  |" not in info.value.log_tail
-
-
-def test_wait_times_out_naming_the_slow_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    containers = [_FakeContainer(s.name) for s in topo.SERVICES]
-    containers[3] = _FakeContainer("toxiproxy", health="starting")
-    provider = _provider(tmp_path, monkeypatch, containers)
-    with pytest.raises(StackError, match=r"toxiproxy not healthy after 0s \(state: starting\)") as info:
-        provider._wait_healthy()
-    assert "go install" in (info.value.hint or "")
-
-
-def test_stop_saves_one_log_per_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    downs: list[bool] = []
-    provider = _provider(tmp_path, monkeypatch, [])
-    provider._compose.stop = lambda down=True: downs.append(down)
-    provider.stop()
-    assert downs == [True]
-    logs = sorted(p.name for p in (tmp_path / "stacks" / "txchaos" / "logs").iterdir())
-    assert logs == sorted(f"{s.name}.log" for s in topo.SERVICES)
+def test_importing_the_provider_imports_no_docker_sdk() -> None:
+    code = "import sys, harness.stack.docker; print('docker' in sys.modules or 'testcontainers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
