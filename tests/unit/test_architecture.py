@@ -26,7 +26,7 @@ ADAPTERS = {
 LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
     {"errors", "paths", "resources", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
-    {"stack", "clients"},
+    {"stack", "clients", "traps"},
     {"ledger", "worker", "patterns", "faults"},
     {"verify"},
     {"run", "machines"},
