@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,6 +135,37 @@ def _wait(check: object, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return bool(check())  # type: ignore[operator]
+
+
+def test_sigterm_of_a_run_on_a_stack_of_its_own_stops_that_stack(tmp_path: Path) -> None:
+    # What a CI timeout does to `txchaos run` with no stack up: it started one, so it stops it.
+    reports = tmp_path / "reports"
+    env = {**os.environ, "TXCHAOS_PROVIDER": "local", "TXCHAOS_REPORTS": str(reports)}
+    env.pop("TXCHAOS_ENDPOINTS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", "onepc_faults:naive-latency"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait(lambda: any((reports / "runs").glob("*/manifest.json")), timeout=180), "no run started"
+        (stack,) = [p.name for p in (reports / "stacks").iterdir()]
+        assert tagged(f"stack/{stack}/"), "the probe is blind: no process of the run's stack found"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, out + err
+    assert "terminated by SIGTERM; every process the harness started has been stopped" in out
+    prefix = f"stack/{stack}/"
+    assert _wait(lambda: tagged(prefix) == []), f"the stack's servers outlived the run: {tagged(prefix)}"
+    assert list(Path(tempfile.gettempdir()).glob(f"txchaos-pg-{stack}*")) == [], "its Postgres data folder is left"
 
 
 def _all_toxics(admin: ToxiproxyAdmin) -> dict[str, list[str]]:
