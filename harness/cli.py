@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, passthrough, extra)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from harness.run.signals import message, terminating
+    from harness.run.signals import message, stop_children, terminating
 
     try:
         # SIGTERM (a CI timeout) and SIGHUP interrupt like Ctrl-C, so every `finally` heals.
@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"txchaos: {type(exc).__name__}: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt as exc:
+        with terminating():  # a second signal must not cut this short
+            stop_children()
         console.print(f"[yellow]{message(exc)}[/]")
         return 3
     except Exception:

@@ -13,9 +13,12 @@ signal while healing is ignored: interrupting the healing is what this module ex
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -67,6 +70,50 @@ def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def children(pid: int | None = None) -> list[int]:
+    """Return the live child processes of ``pid`` (default: this process), from /proc."""
+    parent = os.getpid() if pid is None else pid
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(ppid) == parent and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def stop_children(timeout: float = 5.0) -> list[int]:
+    """SIGTERM the children still alive after an interrupt's healing, SIGKILL them after ``timeout``.
+
+    Healing stops what the harness tracks; this catches what it does not, such as a JVM a library
+    was still launching when the signal came (pyspark's gateway leaks it). Returns their pids.
+    """
+    left = children()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and set(children()) & set(left):
+        time.sleep(0.05)
+    for pid in set(children()) & set(left):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    unreaped, deadline = set(left), time.monotonic() + 1.0
+    while unreaped and time.monotonic() < deadline:  # reap them: leave no zombie either
+        for pid in list(unreaped):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    unreaped.discard(pid)
+            except ChildProcessError:
+                unreaped.discard(pid)  # reaped by its Popen object already
+        time.sleep(0.02)
+    return left
 
 
 def message(seen: Seen | BaseException) -> str:

@@ -142,3 +142,36 @@ def test_txchaos_test_passes_sigterm_on_to_its_pytest_child(tmp_path: Path) -> N
     assert (tmp_path / "stack-stopped").exists(), out + err
     assert proc.returncode == 3, out + err
     assert "terminated by SIGTERM" in out
+
+
+def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
+    # A JVM pyspark was still launching when the signal came is such a child: nothing tracks it.
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from pathlib import Path
+        import harness.cli as cli
+
+        out = Path({str(tmp_path)!r})
+
+        def long_command(args):
+            child = subprocess.Popen(["sleep", "60"])
+            (out / "child").write_text(str(child.pid))
+            time.sleep(60)
+            return 0
+
+        cli.cmd_status = long_command
+        sys.exit(cli.main(["status"]))
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for(tmp_path / "child", proc)
+    child = int((tmp_path / "child").read_text())
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        alive = _alive(child)
+        _reap(child)
+    assert proc.returncode == 3, (out, err)
+    assert not alive, "an untracked child outlived the terminated command"
