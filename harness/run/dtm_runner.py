@@ -67,11 +67,8 @@ class DtmRunSession(RunSession):
             raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='dtm' or use RunSession")
         if endpoints.dtm is None:
             raise ConfigError("this stack has no DTM server", hint="start a new stack: `txchaos down && txchaos up`")
-        if endpoints.provider != "local":
-            raise ConfigError(
-                f"a DTM run needs the local provider, this stack is {endpoints.provider!r}",
-                hint="DTM calls the service and the branch on 127.0.0.1: run with --txchaos-provider local",
-            )
+        # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's
+        # loopback (the docker provider with host networking, docs/docker.md).
         super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
         self.service_port = free_ports(1).pop()
         self.tag = secrets.token_hex(4)
