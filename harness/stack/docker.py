@@ -352,11 +352,12 @@ class DockerProvider:
         api = Wait("toxiproxy API", port_open(PUBLISHED_HOST, topo.TOXIPROXY.port), timeout=60)
         self.timings["toxiproxy"] = self._watch("toxiproxy", api.run)
         _create_proxies(ep)
-        self.timings["postgres-role"] = self._watch("postgres", lambda: self._make_role(ep))
         errors: list[BaseException] = []
 
         def run(service: str) -> None:
             try:
+                if service == "postgres":  # the clients' role first, while the others start
+                    self.timings["postgres-role"] = self._watch(service, lambda: self._make_role(ep))
                 self.timings[service] = self._watch(service, lambda: readiness(service, ep).run(None))
             except BaseException as exc:
                 errors.append(exc)
