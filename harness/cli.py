@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
         "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines", "kafka"))
+    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 
