@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.stack.base import Endpoints
-from harness.traps import Firing, Kill, Trap, TrapProxy, TrapSet
+from harness.traps import Firing, Freeze, Kill, Trap, TrapProxy, TrapSet
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +116,34 @@ def test_pg_before_commit_kill_commits_nothing(txchaos_stack: Endpoints, tables:
     assert [f.op for f in firings] == ["op-b"]
     assert out.split("\n")[:-1] == ["committed op-a"]
     assert _rows(tables, "trap_effects") == {"op-a"}  # the held COMMIT never reached Postgres
+
+
+def test_pg_before_commit_freeze_holds_the_commit_until_thaw(txchaos_stack: Endpoints, tables: sa.Engine) -> None:
+    ep = txchaos_stack
+    traps = TrapSet()
+    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps) as proxy:
+        client = Client({"TRAP_PG_URL": _pg_url(ep, proxy.address)}, "pg", "op-a")
+        traps.arm(Trap("pg_before_commit", Freeze(client.pid), op="op-a"))
+        client.start()
+        _wait(lambda: traps.firings != [] and _state(client.pid()) == "T")
+        time.sleep(0.5)  # frozen: its COMMIT stays held, whatever the time
+        assert _rows(tables, "trap_effects") == set()
+        assert traps.thaw() == 1
+        rc, out, err = client.finish()
+    assert rc == 0, err
+    assert out == "committed op-a\n"  # the held COMMIT went on after the thaw
+    assert _rows(tables, "trap_effects") == {"op-a"}
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
 
 
 def test_pg_after_commit_fires_in_the_window_every_time(txchaos_stack: Endpoints) -> None:
