@@ -235,3 +235,19 @@ def test_kafka_before_end_txn_kill_never_commits_the_transaction(txchaos_stack: 
     kafka.produce(ep.kafka.address, topic, [("marker", "marker")])
     values = [v for _, v in kafka.consume_all(ep.kafka.address, topic, expect=2, timeout=20)]
     assert values == ['{"op": "op-a"}', "marker"]
+
+
+@pytest.mark.kafka
+def test_kafka_before_offset_commit_kill_leaves_the_offset_uncommitted(txchaos_stack: Endpoints) -> None:
+    ep = txchaos_stack
+    topic = f"txchaos-traps-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(ep.kafka.address, [topic], partitions=1)
+    kafka.produce(ep.kafka.address, topic, [("a", "op-a"), ("b", "op-b")])
+    traps = TrapSet()
+    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
+        client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, "kafka-consume", topic, "2")
+        traps.arm(Trap("kafka_before_offset_commit", Kill(client.pid), nth=2))  # an offset names no op
+        rc, out, err = client.start().finish()
+    assert rc == SIGKILL_RC, err
+    assert out.split("\n")[:-1] == ["committed op-a"]
+    assert kafka.committed_offsets(ep.kafka.address, f"{topic}-group", topic) == {0: 1}  # op-b's never reached it

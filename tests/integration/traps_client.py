@@ -57,12 +57,27 @@ def kafka(topic: str, ops: list[str], *, transactional: bool) -> None:
         print(f"committed {op}", flush=True)
 
 
+def consume(topic: str, count: int) -> None:
+    from harness.clients.kafka import GroupConsumer
+
+    consumer = GroupConsumer(os.environ["TRAP_KAFKA"], f"{topic}-group", [topic])
+    done = 0
+    while done < count:
+        for record in consumer.poll_batch(1, 1.0):
+            consumer.store(record)
+            consumer.commit()
+            print(f"committed {record.value.decode()}", flush=True)
+            done += 1
+
+
 def main(argv: list[str]) -> None:
     mode, rest = argv[0], argv[1:]
     if mode == "pg":
         pg(rest)
     elif mode == "stomp":
         stomp(rest[0], rest[1:])
+    elif mode == "kafka-consume":
+        consume(rest[0], int(rest[1]))
     else:
         kafka(rest[0], rest[1:], transactional=mode == "kafka-txn")
 
