@@ -231,9 +231,11 @@ def test_runner_killed_at_random_moments_gives_no_wrong_verdict_and_leaves_nothi
         for port in _helper_ports(run_dir):
             assert _wait(lambda port=port: not _port_open(port)), f"{what}: port {port} still open"
 
-        # `txchaos verify` of the folder: a full verdict only for a finished run, else "incomplete"
-        # (or, for a folder killed before its manifest was written, a refusal).
-        own = json.loads((run_dir / "verdict.json").read_text()) if (run_dir / "verdict.json").exists() else None
+        # `txchaos verify` of the folder: a full verdict only once the run closed its books (its
+        # manifest says complete, verdict.json written or not), else "incomplete"; for a folder
+        # killed before its manifest was written, a refusal.
+        manifest = run_dir / "manifest.json"
+        complete = manifest.exists() and json.loads(manifest.read_text()).get("complete") is True
         check = subprocess.run(
             [sys.executable, "-m", "harness.cli", "verify", str(run_dir), "--engine", "in-process"],
             cwd=REPO,
@@ -245,11 +247,12 @@ def test_runner_killed_at_random_moments_gives_no_wrong_verdict_and_leaves_nothi
         report = f"{what}: verify exit {check.returncode}\n{check.stdout}\n{check.stderr}"
         (spec,) = resolve(target, i)
         if check.returncode in (0, 1):
-            assert own is not None, f"an interrupted run was given a full verdict: {report}"
+            assert complete, f"a run interrupted before closing its books was given a full verdict: {report}"
             verdict = json.loads((run_dir / "verdict.json").read_text())
             assert {k for k, n in verdict["anomalies"].items() if n} == set(spec.expect), report
             seen_outcomes.append(f"{what}: exit {proc.returncode}, verdict")
-        elif (run_dir / "manifest.json").exists():
+        elif manifest.exists():
+            assert not complete, f"a run that closed its books was not given a verdict: {report}"
             assert check.returncode == EXIT_INCOMPLETE, report
             seen_outcomes.append(f"{what}: exit {proc.returncode}, incomplete")
         else:
