@@ -1,7 +1,8 @@
 """The ``txchaos`` command line.
 
 Exit codes: 0 clean verdict (or every expectation met), 1 anomalies found, 2 bad usage or
-configuration, 3 the stack or the harness failed.
+configuration, 3 the stack or the harness failed, 4 incomplete evidence (a run folder that cannot
+give a full verdict: killed before it closed its books, damaged ledger lines).
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def _print_endpoints(endpoints: object) -> None:
         table.add_row(name, ep.address, ep.proxy, f"{ep.upstream_host}:{ep.upstream_port}")
     table.add_row("toxiproxy api", endpoints.toxiproxy_api, "", "")
     console.print(table)
-    console.print(f"postgres url: {endpoints.postgres_url}")
+    # The password stays in the 0600 endpoints file: a terminal or CI log is no place for it.
+    hidden = endpoints.postgres_url.replace(f":{endpoints.db_password}@", ":***@", 1)
+    console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})")
     if endpoints.dtm is not None:
         console.print(f"dtm server:   {endpoints.dtm_url}")
 
@@ -356,7 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # add_help=False: `-h` goes on to the forwarded command, which knows its own options.
     p = sub.add_parser(
-        "verify", add_help=False, help="verify a run folder's ledger (Spark by default) and write verdict.json"
+        "verify",
+        add_help=False,
+        help="verify a run folder's ledger (Spark by default: verdict-spark.json; in-process: verdict.json)",
     )
     p.set_defaults(func=_forward("harness.verify.cli", "verify_main"), passthrough="forward_args")
 

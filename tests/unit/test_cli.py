@@ -67,3 +67,30 @@ def test_test_command_passes_dash_options_to_pytest() -> None:
     args, extra = build_parser().parse_known_args(["test", "-p", "no:cacheprovider", "-k", "x"])
     assert args.command == "test"
     assert extra == ["-p", "no:cacheprovider", "-k", "x"]
+
+
+def test_printed_endpoints_keep_the_database_password_out(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import _print_endpoints
+    from harness.stack.base import Endpoint, Endpoints
+
+    def ep(proxy: str, port: int) -> Endpoint:
+        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
+
+    secret = "s3cret-per-stack"
+    _print_endpoints(
+        Endpoints(
+            provider="local",
+            stack_id="s1",
+            postgres=ep("postgres", 1),
+            stomp=ep("activemq_stomp", 2),
+            kafka=ep("kafka", 3),
+            toxiproxy_api="http://127.0.0.1:8474",
+            db_user="txchaos",
+            db_password=secret,
+            db_name="txchaos",
+            state_dir="/tmp/s1",
+        )
+    )
+    out = capsys.readouterr().out
+    assert secret not in out
+    assert "txchaos:***@127.0.0.1:20001/txchaos" in out
