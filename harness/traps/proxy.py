@@ -198,6 +198,9 @@ class _Connection:
                 return
         except OSError:
             self.close()  # one side went away: end the other, as a plain TCP proxy would
+        except Exception:
+            self.close()  # a failing action (its pid source raised): the held message must still not go on
+            raise
         finally:
             with self._lock:
                 self._left -= 1

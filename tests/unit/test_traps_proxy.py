@@ -162,3 +162,23 @@ def test_a_refused_upstream_closes_the_client_and_the_proxy_stops_clean() -> Non
     with TrapProxy("stomp", ("127.0.0.1", port)) as proxy, socket.create_connection(proxy.address) as client:
         assert client.recv(10) == b""
     assert os.getpid()  # nothing leaked to assert on here beyond a clean exit
+
+
+def test_an_action_that_fails_still_never_delivers_the_held_message(upstream: Upstream) -> None:
+    def no_pid() -> int:
+        raise RuntimeError("the service is not started yet")
+
+    traps = TrapSet()
+    traps.arm(Trap("pg_before_commit", Kill(no_pid), nth=1))
+    errors: list[BaseException | None] = []
+    hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
+    try:
+        with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+            client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
+            assert upstream.closed.wait(5)
+            assert client.recv(10) == b""
+        assert bytes(upstream.received) == STARTUP + q("INSERT 1")
+        wait_for(lambda: errors != [])
+        assert isinstance(errors[0], RuntimeError)  # reported, not swallowed
+    finally:
+        threading.excepthook = hook
