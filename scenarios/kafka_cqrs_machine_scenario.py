@@ -19,8 +19,8 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness import Endpoints
-from harness.bench.machines import TARGETS
 from harness.machines.profiles import profile
+from harness.machines.targets import TARGETS
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 SEARCH_CAP = 40

@@ -4,7 +4,7 @@ The rules are the stage machine's (``harness.machines.stage``) with the Kafka wi
 after the poll, after the DB commit or before the offset commit (alone, or on the last of several
 records polled in one batch), a consumer that leaves the group before its offset commit, and
 latency on the Kafka or Postgres proxy. Each pattern narrows them to its fault family
-(``harness.bench.machines.TARGETS``):
+(``harness.machines.targets.TARGETS``):
 
 - ``kafka``: the naive consumer (effect, then offset commit) must be caught applying an effect
   twice; the inbox consumer (effect and processed offset in one Postgres transaction) holds.
@@ -23,9 +23,9 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness import Endpoints
-from harness.bench.machines import TARGETS
 from harness.machines.profiles import profile
 from harness.machines.stage import stage_machine
+from harness.machines.targets import TARGETS
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 # Generous: each bad variant was found within its first few examples when measured.

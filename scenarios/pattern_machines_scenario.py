@@ -1,7 +1,7 @@
 """Every ActiveMQ pattern's Hypothesis state machine against the real stack: bad caught, fixed holds.
 
 The patterns and their rules are the ones ``txchaos bench machines`` measures
-(``harness.bench.machines.TARGETS``). The 1PC stage has its own file, which also proves the
+(``harness.machines.targets.TARGETS``). The 1PC stage has its own file, which also proves the
 counterexample shrinks (``onepc_machine_scenario.py``); here the search stops at the first
 counterexample (no shrink phase: shrinking is what the benchmark times), and the fixed variant
 runs the profile's examples (``TXCHAOS_PROFILE=dev|ci|nightly``) without a single failure.
@@ -16,9 +16,9 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness import Endpoints
-from harness.bench.machines import TARGETS
 from harness.machines.profiles import profile
 from harness.machines.stage import stage_machine
+from harness.machines.targets import TARGETS
 
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 # The ActiveMQ patterns but the 1PC stage, which has its own file (onepc_machine_scenario.py), as

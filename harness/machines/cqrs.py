@@ -20,24 +20,18 @@ replica) fails on any anomaly.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from harness.errors import ConfigError
-from harness.machines.stage import (
-    KAFKA_CRASH_POINTS,
-    KAFKA_PROXIES,
-    KAFKA_REDELIVERY_POINTS,
-    StageMachine,
-)
+from harness.machines.base import bind
+from harness.machines.stage import KAFKA_RULES, StageMachine
 from harness.patterns.kafka_cqrs import entity_event
 from harness.run.cqrs_runner import CqrsRunSession
 from harness.run.kafka_runner import KafkaRunSession
-from harness.run.runner import RunSession
+from harness.run.runner import RunResult, RunSession
 from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
@@ -45,10 +39,11 @@ from harness.stack.base import Endpoints
 class CqrsMachine(StageMachine):
     """Drive a CQRS replica (``broker="kafka_cqrs"``) with the Kafka stage machine's rules."""
 
-    crash_points = KAFKA_CRASH_POINTS
-    redelivery_points = KAFKA_REDELIVERY_POINTS
-    redelivery_actions = ("disconnect",)
-    network_proxies = KAFKA_PROXIES
+    brokers = ("kafka_cqrs",)
+    crash_points = KAFKA_RULES["crash_points"]
+    redelivery_points = KAFKA_RULES["redelivery_points"]
+    redelivery_actions = KAFKA_RULES["redelivery_actions"]
+    network_proxies = KAFKA_RULES["network_proxies"]
 
     def open_session(self, spec: ScenarioSpec) -> RunSession | KafkaRunSession:
         return CqrsRunSession(spec, type(self).endpoints).open()
@@ -66,42 +61,16 @@ class CqrsMachine(StageMachine):
     def no_duplicate_effect(self) -> None:
         """Not an invariant here: the apply journal repeats every re-apply on purpose."""
 
-    def teardown(self) -> None:
-        cls = type(self)
-        try:
-            self._heal()
-        finally:
-            result = self.run.close()  # quiescence, residue, verdict; heals the run in any case
-        cls.last_result = result
+    def judge(self, result: RunResult) -> str | None:
+        """Fail when the verdict names a hunted class (``spec.expect``), else on any anomaly."""
         verdict = result.verdict
         note(f"verdict: {verdict.headline()}")
         found = set(verdict.found())
-        if found & cls.spec.expect if cls.spec.expect else found:
-            self._violated(
-                f"{verdict.headline()}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
-                f"steps: {' -> '.join(cls.last_steps)}"
-            )
+        hunted = type(self).spec.expect
+        return verdict.headline() if (found & hunted if hunted else found) else None
 
 
 def cqrs_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[CqrsMachine]:
     """Return a ``CqrsMachine`` subclass bound to ``spec`` and ``endpoints``."""
-    if spec.broker != "kafka_cqrs":
-        raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="the CQRS machine needs broker='kafka_cqrs'")
-    if not isinstance(endpoints, Endpoints):
-        raise ConfigError(
-            f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",
-            hint="pass the txchaos_stack fixture's value",
-        )
     name = f"Cqrs{spec.variant.title().replace('-', '')}Machine"
-    namespace: dict[str, Any] = {
-        "spec": spec,
-        "endpoints": endpoints,
-        "last_steps": [],
-        "examples": 0,
-        "found_at": None,
-        "started_at": None,
-        "last_result": None,
-        **attrs,
-        "__module__": os.environ.get("TXCHAOS_MACHINE_MODULE", __name__),
-    }
-    return type(name, (CqrsMachine,), namespace)
+    return bind(CqrsMachine, spec, endpoints, name, "the CQRS machine needs broker='kafka_cqrs'", **attrs)

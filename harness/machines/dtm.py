@@ -7,7 +7,7 @@ while transfers run; after quiescence ``teardown`` checks the two invariants of 
   clean (no ``lost``, ``duplicate-effect``, ``orphan-effect``, ``stuck`` or ``in-doubt``);
 - money is conserved: the debits and the credits sum to the same amount.
 
-Like ``harness.machines.stage``, a failure is raised in one place (teardown), carrying the
+Like every machine (``harness.machines.base``), a failure is raised in one place (teardown), carrying the
 run folder, the seed, the step list and every flagged operation id, so Hypothesis sees one bug
 per program. Each rule waits until DTM has decided its transfers: a killed process takes every
 request it has in flight with it, so transfers of two rules running at once would make a
@@ -21,63 +21,52 @@ fault's timing against a transfer is still real timing).
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import precondition, rule
 
-from harness.errors import ConfigError
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
+from harness.machines.base import MachineBase, bind
 from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
 from harness.run.dtm_runner import DtmRunSession
 from harness.run.runner import RunResult
-from harness.run.spec import Crash, FaultWindow, ScenarioSpec
+from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 PROXIES = ("dtm", "postgres")
 HOLD_S = 6.0  # a local transaction held until DTM checks it back (~1-3 s after prepare), at most this
-TOXICS: dict[str, Callable[[], object]] = {
+# Each binds to a proxy of the stack: ``TOXICS[name]().on(proxy, endpoints)``.
+TOXICS: dict[str, Callable[[], Any]] = {
     "latency": lambda: Latency(150, jitter_ms=20),
     "reset_peer": ResetPeer,
     "partition": Partition,
 }
 
 
-class DtmMachine(RuleBasedStateMachine):
+class DtmMachine(MachineBase[DtmRunSession]):
     """Drive ``spec``'s transfer against ``endpoints`` (class attributes, set by ``dtm_machine``)."""
 
-    spec: ClassVar[ScenarioSpec]
-    endpoints: ClassVar[Endpoints]
+    brokers = ("dtm",)
+    timeout_cap_s = 40.0
     crash_points: ClassVar[tuple[str, ...]] = (*SERVICE_POINTS, *BRANCH_POINTS)
     dtm_restarts: ClassVar[bool] = True
-    last_steps: ClassVar[list[str]] = []
-    last_result: ClassVar[RunResult | None] = None
     # Operations whose local transaction was held past the check-back in the last example.
     last_held: ClassVar[list[str]] = []
     # The first counterexample: (its failure message, its run, the held operations, its steps).
     first_failure: ClassVar[tuple[str, RunResult, list[str], list[str]] | None] = None
-    examples: ClassVar[int] = 0
-    found_at: ClassVar[tuple[int, float] | None] = None
-    started_at: ClassVar[float | None] = None
 
-    def __init__(self) -> None:
-        super().__init__()
-        cls = type(self)
-        cls.examples += 1
-        if cls.started_at is None:
-            cls.started_at = time.monotonic()
-        cls.last_steps, cls.last_held = [], []
-        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, 40.0))
-        self.run = DtmRunSession(spec, cls.endpoints).open()
-        note(f"run folder: {self.run.folder.path}")
+    @classmethod
+    def fresh_state(cls) -> dict[str, Any]:
+        return {**super().fresh_state(), "last_held": [], "first_failure": None}
 
-    def _step(self, text: str) -> None:
-        type(self).last_steps.append(text)
+    def begin_example(self) -> None:
+        type(self).last_held = []
+
+    def open_session(self, spec: ScenarioSpec) -> DtmRunSession:
+        return DtmRunSession(spec, type(self).endpoints).open()
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(n=st.integers(min_value=1, max_value=3))
@@ -108,7 +97,7 @@ class DtmMachine(RuleBasedStateMachine):
         """Submit two transfers and hold a fault on the service's way to DTM or Postgres for 1 s."""
         self._step(f"network_fault({proxy!r}, {toxic!r})")
         self.run.submit(2)
-        self.run.hold_fault(FaultWindow(TOXICS[toxic](), hold_s=1.0, target=proxy))
+        self.hold_fault(TOXICS[toxic]().on(proxy, type(self).endpoints), 1.0)
         self._settle()
 
     @precondition(lambda self: type(self).dtm_restarts)
@@ -117,25 +106,24 @@ class DtmMachine(RuleBasedStateMachine):
         """Submit two transfers, kill -9 the DTM server and start it again on its store."""
         self._step("restart_dtm()")
         self.run.submit(2)
-        self.run.hold_fault(FaultWindow(KillBroker("dtm"), hold_s=0.5))
+        self.hold_fault(KillBroker("dtm").on(type(self).endpoints), 0.5)
         self._settle()
 
     def _settle(self) -> None:
         """Wait (bounded) until DTM has decided every transfer so far; teardown reports any it has not."""
         self.run.wait_decided(timeout_s=30.0)
 
-    # -- invariants ----------------------------------------------------------------------------
-    def _violated(self, message: str, result: RunResult) -> None:
+    # -- the verdict ---------------------------------------------------------------------------
+    def no_duplicate_effect(self) -> None:
+        """Not an invariant here: a transfer's two effects are judged after quiescence, by the books."""
+
+    def remember(self, message: str, result: RunResult) -> None:
         cls = type(self)
-        if cls.found_at is None and cls.started_at is not None:
-            cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
         if cls.first_failure is None:
             cls.first_failure = (message, result, list(cls.last_held), list(cls.last_steps))
-        raise AssertionError(message)
 
-    def teardown(self) -> None:
-        result = self.run.close()  # quiescence, books, verdict; heals the run in any case
-        type(self).last_result = result
+    def judge(self, result: RunResult) -> str | None:
+        """Fail on any anomaly of the verdict, or money not conserved between debits and credits."""
         verdict = result.verdict
         if self.run.books is None:
             raise AssertionError(f"{result.run_dir}: the run did not close its books")
@@ -144,35 +132,13 @@ class DtmMachine(RuleBasedStateMachine):
         broken = [] if verdict.clean else [verdict.headline()]
         if debited != credited:
             broken.append(f"money not conserved: debited {debited}, credited {credited}")
-        if broken:
-            ops = "".join(f"\n{cls}: {', '.join(sorted(verdict.ops(cls)))}" for cls in verdict.found())
-            self._violated(
-                f"{'; '.join(broken)}{ops}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
-                f"steps: {' -> '.join(type(self).last_steps)}",
-                result,
-            )
+        if not broken:
+            return None
+        ops = "".join(f"\n{cls}: {', '.join(sorted(verdict.ops(cls)))}" for cls in verdict.found())
+        return f"{'; '.join(broken)}{ops}"
 
 
 def dtm_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[DtmMachine]:
     """Return a ``DtmMachine`` subclass bound to ``spec`` (``broker="dtm"``) and ``endpoints``."""
-    if spec.broker != "dtm":
-        raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="pass a DTM spec (broker='dtm')")
-    if not isinstance(endpoints, Endpoints):
-        raise ConfigError(
-            f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",
-            hint="pass the txchaos_stack fixture's value",
-        )
     name = f"Dtm{spec.variant.title().replace('-', '')}Machine"
-    namespace: dict[str, Any] = {
-        "spec": spec,
-        "endpoints": endpoints,
-        "last_steps": [],
-        "last_held": [],
-        "first_failure": None,
-        "examples": 0,
-        "found_at": None,
-        "started_at": None,
-        **attrs,
-    }
-    namespace["__module__"] = os.environ.get("TXCHAOS_MACHINE_MODULE", __name__)
-    return type(name, (DtmMachine,), namespace)
+    return bind(DtmMachine, spec, endpoints, name, "pass a DTM spec (broker='dtm')", **attrs)

@@ -8,7 +8,7 @@ database and on the verdict:
   ``lost``;
 - no step's effect is applied twice: no ``duplicate-effect`` on any ``<saga>.<step>``.
 
-Like ``harness.machines.stage``, a failure is raised in one place (teardown) with the run
+Like every machine (``harness.machines.base``), a failure is raised in one place (teardown) with the run
 folder, the seed, the step list and every flagged id, so Hypothesis sees one bug per program;
 the first counterexample is kept in ``first_failure`` even when a replay meets other timing.
 A spec with ``expect`` hunts those classes: its examples fail only when one of them shows (a
@@ -21,18 +21,14 @@ bad variant's search must not stop at a smaller failure of another class); a spe
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import rule
 
-from harness.clients.toxiproxy import ToxiproxyAdmin
-from harness.errors import ConfigError
-from harness.ledger.schema import Kind
+from harness.machines.base import NetworkMachine, bind
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
 from harness.run.runner import RunResult
 from harness.run.saga_runner import SagaRunSession
@@ -48,39 +44,24 @@ PROXIES = ("kafka", "postgres")
 FLAKY = (1, 9)  # a seat failing once (retried with backoff) or on every attempt (dead-lettered)
 
 
-class SagaMachine(RuleBasedStateMachine):
+class SagaMachine(NetworkMachine[SagaRunSession]):
     """Drive ``spec``'s saga against ``endpoints`` (class attributes, set by ``saga_machine``)."""
 
-    spec: ClassVar[ScenarioSpec]
-    endpoints: ClassVar[Endpoints]
+    brokers = ("kafka_saga",)
+    timeout_cap_s = 30.0
+    network_proxies = PROXIES
     processes: ClassVar[tuple[str, ...]] = PROCESSES
     crash_points: ClassVar[tuple[str, ...]] = CRASH_POINTS
-    last_steps: ClassVar[list[str]] = []
-    last_result: ClassVar[RunResult | None] = None
     # The first counterexample: (its failure message, its run, its steps).
     first_failure: ClassVar[tuple[str, RunResult, list[str]] | None] = None
-    examples: ClassVar[int] = 0
-    found_at: ClassVar[tuple[int, float] | None] = None
-    started_at: ClassVar[float | None] = None
     durations: ClassVar[list[float]] = []
 
-    def __init__(self) -> None:
-        super().__init__()
-        cls = type(self)
-        cls.examples += 1
-        if cls.started_at is None:
-            cls.started_at = time.monotonic()
-        self._began = time.monotonic()
-        cls.last_steps = []
-        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, 30.0))
-        self.run = SagaRunSession(spec, cls.endpoints).open()
-        self.proxies = ToxiproxyAdmin(cls.endpoints.toxiproxy_api)
-        self.toxics: set[tuple[str, str]] = set()
-        self.first_duplicate: tuple[int, list[str]] | None = None
-        note(f"run folder: {self.run.folder.path}")
+    @classmethod
+    def fresh_state(cls) -> dict[str, Any]:
+        return {**super().fresh_state(), "first_failure": None, "durations": []}
 
-    def _step(self, text: str) -> None:
-        type(self).last_steps.append(text)
+    def open_session(self, spec: ScenarioSpec) -> SagaRunSession:
+        return SagaRunSession(spec, type(self).endpoints).open()
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(n=st.integers(min_value=1, max_value=3))
@@ -116,52 +97,16 @@ class SagaMachine(RuleBasedStateMachine):
         self.run.arm(Crash(point, worker=process), op=op)
         self.run.submit(1)
 
-    @rule(proxy=st.sampled_from(PROXIES), latency_ms=st.sampled_from([20, 150]))
-    def slow_network(self, proxy: str, latency_ms: int) -> None:
-        self._step(f"slow_network({proxy!r}, {latency_ms})")
-        name = f"latency-{len(self.toxics)}"
-        self.proxies.add_toxic(proxy, type="latency", name=name, attributes={"latency": latency_ms, "jitter": 10})
-        self.toxics.add((proxy, name))
-        self.run.ledger.emit(Kind.FAULT_START, point=name, proxy=proxy, latency_ms=latency_ms)
-
-    @precondition(lambda self: bool(self.toxics))
-    @rule()
-    def heal_network(self) -> None:
-        self._step("heal_network()")
-        self._heal()
-
-    def _heal(self) -> None:
-        for proxy, name in sorted(self.toxics):
-            self.proxies.remove_toxic(proxy, name)
-            self.run.ledger.emit(Kind.FAULT_END, point=name, proxy=proxy)
-        self.toxics.clear()
-
-    # -- invariants ----------------------------------------------------------------------------
-    @invariant()
-    def no_duplicate_step(self) -> None:
-        """Note the first step applied twice; the failure is raised in ``teardown`` (see StageMachine)."""
-        if self.first_duplicate is None:
-            duplicated = self.run.duplicate_effects()
-            if duplicated:
-                self.first_duplicate = (len(type(self).last_steps), duplicated)
-                note(f"duplicate-effect on {duplicated} after step {len(type(self).last_steps)}")
-
-    def _violated(self, message: str, result: RunResult) -> None:
+    # -- the verdict ---------------------------------------------------------------------------
+    def remember(self, message: str, result: RunResult) -> None:
         cls = type(self)
-        if cls.found_at is None and cls.started_at is not None:
-            cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
         if cls.first_failure is None:
             cls.first_failure = (message, result, list(cls.last_steps))
-        raise AssertionError(message)
 
-    def teardown(self) -> None:
-        try:
-            self._heal()
-        finally:
-            result = self.run.close()  # quiescence, books, verdict; heals the run in any case
+    def judge(self, result: RunResult) -> str | None:
+        """Fail when a saga is not final, a step applied twice, or (unhunted) any anomaly."""
         cls = type(self)
-        cls.last_result = result
-        cls.durations.append(time.monotonic() - self._began)
+        cls.durations.append(time.monotonic() - self.began)
         verdict = result.verdict
         note(f"verdict: {verdict.headline()}")
         ops = set(self.run.ops)
@@ -180,36 +125,14 @@ class SagaMachine(RuleBasedStateMachine):
             found = set(verdict.found()) | ({"stuck"} if open_sagas else set())
             found |= {"duplicate-effect"} if self.first_duplicate is not None else set()
             if not found & hunted:
-                return
-        if broken:
-            flagged = "".join(f"\n{a}: {', '.join(sorted(verdict.ops(a)))}" for a in verdict.found())
-            self._violated(
-                f"{'; '.join(broken)}{flagged}\nrun folder: {result.run_dir}\nseed: {verdict.seed}\n"
-                f"steps: {' -> '.join(cls.last_steps)}",
-                result,
-            )
+                return None
+        if not broken:
+            return None
+        flagged = "".join(f"\n{a}: {', '.join(sorted(verdict.ops(a)))}" for a in verdict.found())
+        return f"{'; '.join(broken)}{flagged}"
 
 
 def saga_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[SagaMachine]:
     """Return a ``SagaMachine`` subclass bound to ``spec`` (``broker="kafka_saga"``) and ``endpoints``."""
-    if spec.broker != "kafka_saga":
-        raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="pass a saga spec (broker='kafka_saga')")
-    if not isinstance(endpoints, Endpoints):
-        raise ConfigError(
-            f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",
-            hint="pass the txchaos_stack fixture's value",
-        )
     name = f"Saga{spec.variant.title().replace('-', '')}Machine"
-    namespace: dict[str, Any] = {
-        "spec": spec,
-        "endpoints": endpoints,
-        "last_steps": [],
-        "first_failure": None,
-        "examples": 0,
-        "found_at": None,
-        "started_at": None,
-        "durations": [],
-        **attrs,
-    }
-    namespace["__module__"] = os.environ.get("TXCHAOS_MACHINE_MODULE", __name__)
-    return type(name, (SagaMachine,), namespace)
+    return bind(SagaMachine, spec, endpoints, name, "pass a saga spec (broker='kafka_saga')", **attrs)

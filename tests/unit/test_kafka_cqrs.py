@@ -9,9 +9,9 @@ from types import ModuleType
 import pytest
 
 from harness import Crash
-from harness.bench.machines import TARGETS
 from harness.errors import ConfigError
 from harness.machines.stage import stage_machine
+from harness.machines.targets import TARGETS
 from harness.patterns.kafka_cqrs import EntityEvent, entity_event
 from harness.run.spec import ScenarioSpec
 

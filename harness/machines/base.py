@@ -1,0 +1,211 @@
+"""The state-machine base every pattern's machine builds on: one run per example, judged in teardown.
+
+What every machine shares lives here once: the step log and the counters a benchmark reads
+(``examples``, ``found_at``, ``last_steps``, ``last_result``), the one way network faults are
+applied (a ``harness.faults`` fault through ``active``: kept until ``heal_network`` or held for
+a while), the "no duplicate effect" watch, and the teardown template: heal, close the run,
+``judge`` it, and fail with the run folder, the seed and the step list. A machine keeps only its
+own rules, its ``open_session`` and its ``judge``; ``NetworkMachine`` adds the two network rules
+(``slow_network``, ``heal_network``) a machine without rules of its own for faults uses:
+
+>>> class MyMachine(MachineBase[RunSession]):
+...     def open_session(self, spec): return RunSession(spec, type(self).endpoints).open()
+...     def judge(self, result): return None if result.verdict.clean else result.verdict.headline()
+>>> Machine = bind(MyMachine, spec, endpoints, "MyNaiveMachine")
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from harness.errors import ConfigError
+from harness.faults import Latency
+from harness.faults.base import Fault, active
+from harness.ledger.writer import LedgerWriter
+from harness.run.folder import RunFolder
+from harness.run.runner import RunResult
+from harness.run.spec import ScenarioSpec
+from harness.stack.base import Endpoints
+
+
+class MachineRun(Protocol):
+    """What the base needs of a machine's run session (each machine's rules need more of theirs)."""
+
+    @property
+    def ledger(self) -> LedgerWriter: ...
+
+    @property
+    def folder(self) -> RunFolder: ...
+
+    def close(self) -> RunResult: ...
+
+    def duplicate_effects(self) -> list[str]: ...
+
+
+S = TypeVar("S", bound=MachineRun)
+
+
+class MachineBase(RuleBasedStateMachine, Generic[S]):
+    """Drive one run per example of ``spec`` against ``endpoints`` (class attributes, set by ``bind``)."""
+
+    spec: ClassVar[ScenarioSpec]
+    endpoints: ClassVar[Endpoints]
+    # The ``broker`` values this machine drives; ``bind`` refuses any other spec.
+    brokers: ClassVar[tuple[str, ...]] = ()
+    # An example's run is given at most this long to settle: a stuck program must not stall the search.
+    timeout_cap_s: ClassVar[float] = 20.0
+    # The steps of the last example, in order: after a failure, the shrunk counterexample.
+    last_steps: ClassVar[list[str]] = []
+    last_result: ClassVar[RunResult | None] = None
+    examples: ClassVar[int] = 0
+    # When the first counterexample appeared (example number, seconds since the first example):
+    # the rest of the examples are Hypothesis shrinking it.
+    found_at: ClassVar[tuple[int, float] | None] = None
+    started_at: ClassVar[float | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        cls.examples += 1
+        if cls.started_at is None:
+            cls.started_at = time.monotonic()
+        self.began = time.monotonic()
+        cls.last_steps = []
+        self.begin_example()
+        spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, cls.timeout_cap_s))
+        self.run: S = self.open_session(spec)
+        self._faults = ExitStack()
+        self.kept_faults: list[str] = []
+        self.first_duplicate: tuple[int, list[str]] | None = None
+        note(f"run folder: {self.run.folder.path}")
+
+    # -- hooks ---------------------------------------------------------------------------------
+    @classmethod
+    def fresh_state(cls) -> dict[str, Any]:
+        """Return the class attributes a newly bound machine starts from (a subclass adds its own)."""
+        return {"last_steps": [], "last_result": None, "examples": 0, "found_at": None, "started_at": None}
+
+    def begin_example(self) -> None:
+        """Reset what a machine keeps per example, before its run opens."""
+
+    def open_session(self, spec: ScenarioSpec) -> S:
+        """Return this example's run, open: the one place a machine names its session class."""
+        raise NotImplementedError(f"{type(self).__name__} must define open_session(spec)")
+
+    def judge(self, result: RunResult) -> str | None:
+        """Return what is wrong with the closed run (the failure's first lines), or None when it holds."""
+        raise NotImplementedError(f"{type(self).__name__} must define judge(result)")
+
+    def remember(self, message: str, result: RunResult) -> None:
+        """Keep the first counterexample, for machines whose replay may meet other timing."""
+
+    # -- the step log and faults ---------------------------------------------------------------
+    def _step(self, text: str) -> None:
+        type(self).last_steps.append(text)
+
+    def keep_fault(self, fault: Fault) -> None:
+        """Apply ``fault`` until the next heal (``heal_network`` or teardown), in the run's ledger."""
+        self._faults.enter_context(active(fault, self.run.ledger))
+        self.kept_faults.append(fault.name)
+
+    def hold_fault(self, fault: Fault, hold_s: float) -> None:
+        """Apply ``fault``, let the flow run under it for ``hold_s``, then heal it."""
+        with active(fault, self.run.ledger):
+            time.sleep(hold_s)
+
+    def _heal(self) -> None:
+        self.kept_faults.clear()
+        self._faults.close()  # heals in reverse order, each recorded; the stack is reusable after
+
+    # -- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def no_duplicate_effect(self) -> None:
+        """Note the first duplicate effect after every step; the failure is raised in ``teardown``.
+
+        A real flow's timing varies: the same program may show its duplicate after step 2 on one
+        run and after step 3 on the replay. Raising here would make the example stop at a
+        different step each time, which Hypothesis rejects as flaky data generation and cannot
+        shrink. The step where it was first seen is kept and reported.
+        """
+        if self.first_duplicate is None:
+            duplicated = self.run.duplicate_effects()
+            if duplicated:
+                self.first_duplicate = (len(type(self).last_steps), duplicated)
+                note(f"duplicate-effect on {duplicated} after step {len(type(self).last_steps)}")
+
+    def _violated(self, message: str, result: RunResult) -> None:
+        """Fail the example. One raise site on purpose: Hypothesis tells failures apart by where
+        they are raised, and every anomaly of a program must shrink as one bug, not as several."""
+        cls = type(self)
+        if cls.found_at is None and cls.started_at is not None:
+            cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
+        self.remember(message, result)
+        raise AssertionError(message)
+
+    def teardown(self) -> None:
+        try:
+            self._heal()
+        finally:
+            result = self.run.close()  # quiescence, residue, verdict; heals the run in any case
+        cls = type(self)
+        cls.last_result = result
+        problem = self.judge(result)
+        if problem is not None:
+            self._violated(
+                f"{problem}\nrun folder: {result.run_dir}\nseed: {result.verdict.seed}\n"
+                f"steps: {' -> '.join(cls.last_steps)}",
+                result,
+            )
+
+
+class NetworkMachine(MachineBase[S]):
+    """A machine with the shared network rules: slow a proxy of ``network_proxies``, heal them all."""
+
+    # The proxies ``slow_network`` may slow (a subclass names at least one).
+    network_proxies: ClassVar[tuple[str, ...]] = ()
+
+    @rule(data=st.data(), latency_ms=st.sampled_from([20, 150]))
+    def slow_network(self, data: st.DataObject, latency_ms: int) -> None:
+        proxy = data.draw(st.sampled_from(type(self).network_proxies), label="proxy")
+        self._step(f"slow_network({proxy!r}, {latency_ms})")
+        self.keep_fault(Latency(latency_ms, jitter_ms=10).on(proxy, type(self).endpoints))
+
+    @precondition(lambda self: bool(self.kept_faults))
+    @rule()
+    def heal_network(self) -> None:
+        self._step("heal_network()")
+        self._heal()
+
+
+M = TypeVar("M", bound=MachineBase[Any])
+
+
+def bind(machine: type[M], spec: ScenarioSpec, endpoints: Endpoints, name: str, hint: str, **attrs: Any) -> type[M]:
+    """Return a subclass of ``machine`` bound to ``spec`` and ``endpoints``, with fresh counters.
+
+    ``hint`` says which machine to use instead when ``spec`` runs on a broker ``machine`` does not drive.
+    """
+    if spec.broker not in machine.brokers:
+        raise ConfigError(f"{spec.label} runs on {spec.broker!r}, which {machine.__name__} does not drive", hint=hint)
+    if not isinstance(endpoints, Endpoints):
+        raise ConfigError(
+            f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",
+            hint="pass the txchaos_stack fixture's value",
+        )
+    namespace: dict[str, Any] = {
+        **machine.fresh_state(),
+        "spec": spec,
+        "endpoints": endpoints,
+        **attrs,
+        # Hypothesis prints a failing program as code that imports the machine from here.
+        "__module__": os.environ.get("TXCHAOS_MACHINE_MODULE", machine.__module__),
+    }
+    return type(name, (machine,), namespace)

@@ -1,0 +1,214 @@
+"""The state-machine base: binding, per-class counters, the fault bookkeeping and the teardown template.
+
+No services: the run is a stand-in with a ledger that records events, because what is tested is
+the machine's own lifecycle, not a broker or a database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import rule, run_state_machine_as_test
+
+from harness.errors import ConfigError
+from harness.ledger.schema import Kind
+from harness.machines.base import MachineBase, NetworkMachine, bind
+from harness.machines.cqrs import CqrsMachine
+from harness.machines.dtm import DtmMachine
+from harness.machines.saga import SagaMachine
+from harness.machines.stage import StageMachine, stage_machine
+from harness.machines.targets import TARGETS
+from harness.run.runner import RunResult
+from harness.run.spec import ScenarioSpec
+from harness.stack.base import Endpoints
+from harness.verify.verdict import Verdict
+
+
+@dataclass
+class Ledger:
+    events: list[tuple[Kind, str]] = field(default_factory=list)
+
+    def emit(self, kind: Kind, **detail: Any) -> None:
+        self.events.append((kind, str(detail.get("point"))))
+
+
+@dataclass
+class Folder:
+    path: Path
+
+
+class Run:
+    """A closed run whose verdict is given: the teardown template is what is under test."""
+
+    def __init__(self, spec: ScenarioSpec, anomalies: dict[str, int]) -> None:
+        self.ledger = Ledger()
+        self.ops: list[str] = []
+        self.folder = Folder(Path("/tmp/run-x"))
+        self.spec = spec
+        self.anomalies = anomalies
+        self.closed = 0
+
+    def close(self) -> RunResult:
+        self.closed += 1
+        verdict = Verdict(self.anomalies, (), {}, "test", seed=self.spec.seed)
+        return RunResult(self.folder.path, verdict, self.spec)
+
+    def duplicate_effects(self) -> list[str]:
+        return []
+
+
+@dataclass
+class Toxic:
+    """A fault that records whether it is applied; the base must heal what it kept."""
+
+    name: str
+    on: list[str] = field(default_factory=list)
+
+    def params(self) -> dict[str, object]:
+        return {}
+
+    def apply(self) -> None:
+        self.on.append(f"apply {self.name}")
+
+    def heal(self) -> None:
+        self.on.append(f"heal {self.name}")
+
+
+class Judged(MachineBase[Run]):
+    brokers = ("activemq",)
+    anomalies: dict[str, int] = {}
+    remembered: list[str] = []
+
+    def open_session(self, spec: ScenarioSpec) -> Run:
+        return Run(spec, type(self).anomalies)
+
+    @rule()
+    def submit(self) -> None:
+        self._step("submit(1)")
+
+    def judge(self, result: RunResult) -> str | None:
+        return None if result.verdict.clean else result.verdict.headline()
+
+    def remember(self, message: str, result: RunResult) -> None:
+        type(self).remembered.append(message)
+
+
+def _spec(broker: str = "activemq") -> ScenarioSpec:
+    return ScenarioSpec(
+        name="m",
+        variant="v",
+        handler="harness.patterns.onepc:naive",
+        schema="onepc",
+        effect_table="onepc_effects",
+        broker=broker,
+    )
+
+
+def _endpoints() -> Endpoints:
+    # Binding only checks the type: no rule here reaches a service through it.
+    return Endpoints.__new__(Endpoints)
+
+
+def test_bind_refuses_a_spec_of_another_broker_and_names_the_fix() -> None:
+    with pytest.raises(ConfigError, match="kafka_saga") as err:
+        bind(Judged, _spec("kafka_saga"), _endpoints(), "X", "use the saga machine")
+    assert "use the saga machine" in str(err.value)
+
+
+def _run(machine: type[MachineBase[Any]], examples: int = 1) -> None:
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=examples, stateful_step_count=2, database=None, deadline=None)
+    )
+
+
+def test_each_bound_machine_counts_its_own_examples_and_steps() -> None:
+    a = bind(Judged, _spec(), _endpoints(), "A", "-", anomalies={})
+    b = bind(Judged, _spec(), _endpoints(), "B", "-", anomalies={})
+    _run(a, examples=3)
+    assert a.examples >= 3
+    assert b.examples == 0
+    assert b.last_steps == []
+
+
+def test_teardown_judges_the_closed_run_and_fails_with_seed_folder_and_steps() -> None:
+    machine = bind(Judged, _spec(), _endpoints(), "Bad", "-", anomalies={"lost": 1}, remembered=[])
+    with pytest.raises(AssertionError) as failure:
+        _run(machine)
+    message = str(failure.value)
+    assert message.startswith("ANOMALIES: lost=1")
+    assert "run folder: /tmp/run-x" in message
+    assert "seed: " in message
+    assert "steps: " in message
+    assert machine.found_at is not None
+    assert machine.found_at[0] == 1
+    assert machine.remembered[0].startswith("ANOMALIES: lost=1")
+
+
+def test_a_clean_run_passes_teardown_and_is_kept_as_the_last_result() -> None:
+    machine = bind(Judged, _spec(), _endpoints(), "Good", "-", anomalies={})
+    _run(machine, examples=2)
+    assert machine.found_at is None
+    assert machine.last_result is not None
+    assert machine.last_result.verdict.clean
+
+
+class Faulty(Judged):
+    log: list[str] = []
+    ledgers: list[Ledger] = []
+
+    @rule()
+    def submit(self) -> None:  # every step keeps two faults
+        type(self).ledgers.append(self.run.ledger)
+        self.keep_fault(Toxic("latency:a", type(self).log))
+        self.keep_fault(Toxic("latency:b", type(self).log))
+        assert self.kept_faults[-2:] == ["latency:a", "latency:b"]
+
+
+def test_kept_faults_are_recorded_and_healed_in_reverse_before_the_run_closes() -> None:
+    machine = bind(Faulty, _spec(), _endpoints(), "Faulty1", "-", anomalies={}, log=[], ledgers=[])
+    _run(machine, examples=5)
+    applied = [e for e in machine.log if e.startswith("apply")]
+    healed = [e for e in machine.log if e.startswith("heal")]
+    assert applied
+    assert len(applied) == len(healed)  # nothing left applied after any example
+    # Each example applies, then heals everything it applied in reverse order, at teardown.
+    segments: list[list[str]] = []
+    for entry in machine.log:
+        if entry.startswith("apply") and (not segments or segments[-1][-1].startswith("heal")):
+            segments.append([])
+        segments[-1].append(entry)
+    for segment in segments:
+        applied_here = [e.removeprefix("apply ") for e in segment if e.startswith("apply")]
+        assert [e.removeprefix("heal ") for e in segment if e.startswith("heal")] == applied_here[::-1]
+    ledgers = {id(ledger): ledger for ledger in machine.ledgers}.values()  # one per example
+    events = [k for ledger in ledgers for k, _ in ledger.events]
+    assert events.count(Kind.FAULT_START) == events.count(Kind.FAULT_END) == len(applied)
+
+
+def test_every_machine_builds_on_the_base_with_one_way_of_applying_faults() -> None:
+    for machine in (StageMachine, SagaMachine, CqrsMachine):
+        assert issubclass(machine, NetworkMachine)
+    assert issubclass(DtmMachine, MachineBase)
+    assert not issubclass(DtmMachine, NetworkMachine)
+    rules = {r.function.__name__ for r in DtmMachine.setup_state().rules}
+    assert "slow_network" not in rules  # the DTM machine holds its faults per rule instead
+
+
+@pytest.mark.parametrize("pattern", sorted(TARGETS))
+def test_every_target_binds_to_its_machine(pattern: str) -> None:
+    target = TARGETS[pattern]()
+    for spec in (target.bad, target.fixed):
+        machine = target.machine(spec, _endpoints(), **target.attrs)
+        assert issubclass(machine, MachineBase)
+        assert machine.spec is spec
+
+
+def test_the_stage_machine_takes_the_kafka_rules_for_a_kafka_spec() -> None:
+    kafka = stage_machine(TARGETS["kafka"]().bad, _endpoints())
+    assert kafka.network_proxies == ("kafka", "postgres")
+    assert kafka.batch_crashes
+    assert stage_machine(TARGETS["onepc"]().bad, _endpoints()).network_proxies == ("activemq_stomp", "postgres")
