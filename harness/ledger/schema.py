@@ -37,6 +37,18 @@ and the per-key view of entity events (CQRS replicas), all of it in ``detail``:
   order: ``op`` the event applied, ``key``, ``version``, ``tombstone``, ``n`` (journal position).
 - ``residue_entity``: one replica row at quiescence: ``op`` the event that last wrote it, ``key``,
   ``version``, ``deleted`` (bool: a tombstone marker row, not a live entity).
+
+Declared effects and invariants (``verify/declared.py``), also residue, added without a reader
+change:
+
+- ``residue_declared``: one row of the contract's effect query: ``op``, ``applied`` (int: how many
+  times the operation's effect is in the user's tables).
+- ``residue_invariant``: one evaluated invariant: ``invariant`` (its name), ``label``, ``actual``,
+  ``expected`` (ints), ``holds`` (bool), ``suspects`` (op ids applied more or less than once).
+  ``op`` is set only when it does not hold: the operation's id for a per-operation invariant,
+  ``invariant:<name>`` for a global one, so the verdict's summary counts breaks per operation.
+  A holding global invariant and the tally of a per-operation one (``checked``, ``broken``) are
+  written with no ``op``: recorded, not judged.
 """
 
 from __future__ import annotations
@@ -83,6 +95,8 @@ class Kind(StrEnum):
     RESIDUE_OUTBOX = "residue_outbox"  # an outbox row never relayed, at quiescence
     RESIDUE_APPLY = "residue_apply"  # one row of a replica's apply journal (per-key view)
     RESIDUE_ENTITY = "residue_entity"  # one replica row at quiescence (per-key view)
+    RESIDUE_DECLARED = "residue_declared"  # a declared effect's row: detail.applied, times the op was applied
+    RESIDUE_INVARIANT = "residue_invariant"  # a declared invariant's value: detail.actual, detail.expected
 
 
 RESIDUE_KINDS = frozenset(
@@ -94,6 +108,8 @@ RESIDUE_KINDS = frozenset(
         Kind.RESIDUE_OUTBOX,
         Kind.RESIDUE_APPLY,
         Kind.RESIDUE_ENTITY,
+        Kind.RESIDUE_DECLARED,
+        Kind.RESIDUE_INVARIANT,
     }
 )
 

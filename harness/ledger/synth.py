@@ -46,6 +46,8 @@ BLOCKS: dict[str, tuple[Kind, ...]] = {
     "tail_queue": (K.RESIDUE_QUEUE,),
     "tail_dlq": (K.DEAD_LETTER,),
     "tail_dlq_eff": (K.DEAD_LETTER, K.RESIDUE_EFFECT),
+    "tail_dup_out": (K.DOWNSTREAM, K.DOWNSTREAM, K.RESIDUE_EFFECT),
+    "tail_inv": (K.DOWNSTREAM, K.RESIDUE_EFFECT, K.RESIDUE_INVARIANT),
 }
 BLOCK_IDS = {name: i for i, name in enumerate(BLOCKS)}
 KINDS = list(Kind)
@@ -64,8 +66,36 @@ INJECTED = (
     "dead-lettered-with-effect",
     "never-dead-lettered-poison",
     "in-doubt",
+    "duplicate-output",
+    "invariant-broken",
 )
 ALSO_EXPECTED = {"never-dead-lettered-poison": ("stuck",)}
+# The flow promises one output per operation and that every operation nets zero (the per-operation
+# invariant below): a second downstream message is duplicate-output, a broken net is invariant-broken.
+CONTRACT: dict[str, Any] = {
+    "expects_downstream": True,
+    "max_external_calls": 1,
+    "max_deliveries": 10,
+    "exactly_once_output": True,
+    "invariants": [
+        {
+            "name": "net-zero",
+            "sql": "SELECT op_id, sum(amount) AS actual, 0 AS expected FROM moves GROUP BY op_id",
+            "scope": "op",
+            "label": "net of the op's moves",
+        }
+    ],
+}
+INVARIANT_DETAIL = json.dumps(
+    {
+        "invariant": "net-zero",
+        "label": "net of the op's moves",
+        "scope": "op",
+        "actual": 1,
+        "expected": 0,
+        "holds": False,
+    }
+)
 STAGES, WORKERS_PER_STAGE = 3, 3
 SRCS = ["driver", "sink", "residue", "faults"]
 SRCS += [f"worker-{s}-{w}" for s in range(STAGES) for w in range(WORKERS_PER_STAGE)]
@@ -133,6 +163,8 @@ def _ops_plan(rng: np.random.Generator, n: int, rate: float) -> dict[str, Any]:
         "never-dead-lettered-poison": ("submit", "tail_queue", 1),
         "in-doubt": ("prepare", "none", 0),
         "duplicate-external-call": ("submit", None, None),
+        "duplicate-output": (None, "tail_dup_out", None),
+        "invariant-broken": (None, "tail_inv", None),
     }.items():
         m = cls == INJECTED.index(name)
         if h is not None:
@@ -216,7 +248,8 @@ def _chunk(
     at = np.minimum(op_first, len(op) - 1)
     base = np.where(op_first < len(op), csum[at] - inc[at], 0)
     ts = start[op] + csum - inc - base[op]
-    residue = np.isin(kind, [KINDS.index(K.RESIDUE_EFFECT), KINDS.index(K.RESIDUE_QUEUE)])
+    is_inv = kind == KINDS.index(K.RESIDUE_INVARIANT)
+    residue = np.isin(kind, [KINDS.index(K.RESIDUE_EFFECT), KINDS.index(K.RESIDUE_QUEUE)]) | is_inv
     ts[residue] = t_end + first_op + op[residue]
     sink = np.isin(kind, [KINDS.index(K.DOWNSTREAM), KINDS.index(K.DEAD_LETTER)])
     skewed = sink & (rng.random(n) < 0.001)[op]  # the sink's clock runs 5 s behind for a few ops
@@ -244,7 +277,10 @@ def _chunk(
             "point": _take([None, "before_db_commit"], (kind == KINDS.index(K.CRASH)).astype(np.int64)),
             "partition": pa.nulls(len(ts), pa.int32()),
             "offset": pa.nulls(len(ts), pa.int64()),
-            "detail": _take(["{}", '{"redelivered": true}'], (is_deliver & (attempt > 1)).astype(np.int64)),
+            "detail": _take(
+                ["{}", '{"redelivered": true}', INVARIANT_DETAIL],
+                np.where(is_inv, 2, (is_deliver & (attempt > 1)).astype(np.int64)),
+            ),
             "op_bucket": pa.array((((first_op + op) * 2654435761) % OP_BUCKETS).astype(np.int32)),
             "op_id": pa.array(first_op + op),  # "op-%010d" sorts as its number
         }
@@ -353,7 +389,7 @@ def _write_run(out_dir: Path, run_id: str, events: int, seed: int, anomaly_rate:
         "ground_truth": truth,
         "ground_truth_sample": sample,
         "fault_windows": windows,
-        "contract": {"expects_downstream": True, "max_external_calls": 1, "max_deliveries": 10},
+        "contract": CONTRACT,
         "ledger_schema": SCHEMA_VERSION,
         "started_at": started,
         "ended_at": time.time(),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.ledger.schema import Kind
-from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP
+from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS
 from harness.verify.verdict import Verdict, Witness
 
 MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for huge redelivery loops
@@ -170,13 +170,13 @@ def _chain_event(row: dict[str, Any], windows: list[FaultWindow]) -> dict[str, A
 def build_witnesses(
     flagged: list[dict[str, Any]], chains: dict[str, list[dict[str, Any]]], windows: list[FaultWindow]
 ) -> tuple[Witness, ...]:
-    """Return witnesses for flagged summary rows (``anomaly``, ``op``, COUNTS, ``first_ns``, ``last_ns``)."""
+    """Return witnesses for flagged summary rows (``anomaly``, ``op``, COUNTS, SUMS, ``first_ns``, ``last_ns``)."""
     out = []
     for row in flagged:
         raw = sorted(chains.get(row["op"], []), key=lambda r: (r["ts_ns"], r["src"], r["seq"]))
         chain = tuple(_chain_event(r, windows) for r in raw[:MAX_WITNESS_EVENTS])
         msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))
-        counts = {k: int(row[k]) for k in COUNTS}
+        counts = {k: int(row[k]) for k in (*COUNTS, *SUMS)}
         faults = tuple(w.to_dict() for w in windows if w.overlaps(row.get("first_ns"), row.get("last_ns")))
         out.append(Witness(row["anomaly"], row["op"], msg_ids, counts, chain, faults))
     return tuple(sorted(out, key=lambda w: (ANOMALY_CLASSES.index(w.anomaly), w.op)))

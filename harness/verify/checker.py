@@ -35,6 +35,7 @@ from harness.verify.model import (
     LATENCY_TOP_SCALE,
     PER_KEY_COLUMNS,
     SPAN_EXCLUDED,
+    SUMS,
     AllOf,
     Cmp,
     FlowContract,
@@ -79,14 +80,26 @@ def summarize(events: pa.Table) -> pa.Table:
     for name, (k, above) in ATTEMPT_COUNTS.items():
         late = pc.fill_null(pc.and_(pc.equal(kind, str(k)), pc.greater(with_op["attempt"], above)), False)
         cols[name] = pc.cast(late, pa.int64())
+    for name, (k, key) in SUMS.items():
+        cols[name] = pa.array(_detail_ints(with_op, kind, k, key), pa.int64())
     for name, k in FIRST_TS.items():
         cols[name] = pc.if_else(pc.equal(kind, str(k)), ts, None)
     in_span = pc.invert(pc.is_in(kind, value_set=pa.array(sorted(str(k) for k in SPAN_EXCLUDED))))
     cols["span_ns"] = pc.if_else(in_span, ts, None)
-    aggs = [(n, "sum") for n in [*COUNTS, *ATTEMPT_COUNTS]] + [(n, "min") for n in FIRST_TS]
+    aggs = [(n, "sum") for n in [*COUNTS, *ATTEMPT_COUNTS, *SUMS]] + [(n, "min") for n in FIRST_TS]
     grouped = pa.table(cols).group_by("op").aggregate([*aggs, ("span_ns", "min"), ("span_ns", "max")])
     rename = {f"{n}_{f}": n for n, f in aggs} | {"span_ns_min": "first_ns", "span_ns_max": "last_ns"}
     return grouped.rename_columns([rename.get(c, c) for c in grouped.column_names])
+
+
+def _detail_ints(events: pa.Table, kind: pa.ChunkedArray, k: Kind, key: str) -> I64:
+    """Return, per event, the integer ``detail[key]`` of events of kind ``k`` and 0 for the others."""
+    out = np.zeros(events.num_rows, dtype=np.int64)
+    where = np.flatnonzero(np.asarray(pc.equal(kind, str(k)).to_numpy(zero_copy_only=False)))
+    if where.size:
+        details = events["detail"].take(pa.array(where)).to_pylist()
+        out[where] = [int(json.loads(d or "{}").get(key) or 0) for d in details]
+    return out
 
 
 def per_key_counts(events: pa.Table) -> dict[str, dict[str, int]]:

@@ -98,6 +98,8 @@ def contract_of(run_dir: Path) -> FlowContract:
         raise ConfigError(f"{manifest}: unknown contract field(s) {unknown}", hint=f"the fields are {sorted(known)}")
     try:
         return FlowContract(**raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{manifest}: {str(exc).split(chr(10))[0]}", hint=exc.hint) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{manifest}: bad contract {raw} ({exc})", hint=f"the fields are {sorted(known)}") from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.errors import ConfigError
 from harness.ledger.schema import RESIDUE_KINDS, Kind
 
 # Summary column -> the event kind it counts, per operation id.
@@ -33,7 +34,14 @@ COUNTS: dict[str, Kind] = {
     "aborted": Kind.ABORT_PREPARED,
     "alerts": Kind.ALERT,
     "outbox_pending": Kind.RESIDUE_OUTBOX,
+    # only a broken invariant's event carries an op (``ledger/schema.py``): this counts breaks
+    "invariant_breaks": Kind.RESIDUE_INVARIANT,
 }
+
+# Summary column -> (kind, detail field): that integer field summed over the op's events of the kind.
+# ``applied`` is the declared effect (``FlowContract.effect_sql``): how many times the user's own
+# tables say the operation was applied; ops the query does not return were applied 0 times.
+SUMS: dict[str, tuple[Kind, str]] = {"applied": (Kind.RESIDUE_DECLARED, "applied")}
 
 # Summary column -> (kind, n): events of that kind whose ``attempt`` is above n. A redelivery is
 # a delivery attempt after the first of the same stage; ``deliveries`` counts every stage's.
@@ -72,6 +80,8 @@ ANOMALY_CLASSES: tuple[str, ...] = (
     "in-doubt",
     "resurrected",
     "out-of-order",
+    "duplicate-output",
+    "invariant-broken",
 )
 
 # Classes without a rule (every class has one now; kept for readers that list them).
@@ -90,6 +100,8 @@ UNRULED_CLASSES: frozenset[str] = frozenset()
 PER_KEY_COLUMNS: tuple[str, ...] = ("resurrections", "regressions")
 
 CmpOp = Literal["==", "!=", ">", ">=", "<", "<="]
+Scope = Literal["global", "op"]
+INVARIANT_OP_PREFIX = "invariant:"  # the op id a broken global invariant is judged under
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,42 @@ def any_of(*parts: Pred) -> AnyOf:
 
 
 @dataclass(frozen=True)
+class Invariant:
+    """A property of the final state, as SQL the harness runs at quiescence (``verify/declared.py``).
+
+    ``scope="global"``: the query returns one row ``(actual, expected)``; ``scope="op"``: one row
+    per operation it checks, ``(op_id, actual, expected)``. Values are integers; ``:submitted``
+    binds to the number of submitted operations. ``label`` names the actual value in the verdict
+    (default: ``name``). Example, a conserved total over 10 accounts seeded with 100 each::
+
+        Invariant("conserved-total", "SELECT sum(balance), 1000 FROM accounts", label="sum(accounts.balance)")
+    """
+
+    name: str
+    sql: str
+    scope: Scope = "global"
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"invariant name {self.name!r} is not a name", hint="use letters, digits, '-' or '_'")
+        if not self.sql.strip():
+            raise ConfigError(
+                f"invariant {self.name!r} has no SQL", hint="give a query, e.g. SELECT sum(x) AS actual, 0 AS expected"
+            )
+        if self.scope not in ("global", "op"):
+            raise ConfigError(
+                f"invariant {self.name!r}: scope {self.scope!r} is not 'global' or 'op'",
+                hint="scope='global' for one (actual, expected) row, 'op' for (op_id, actual, expected) rows",
+            )
+
+    @property
+    def shown(self) -> str:
+        """Return how the verdict names the invariant's value."""
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
 class FlowContract:
     """What a flow promises for each submitted operation; chooses which rules apply.
 
@@ -134,6 +182,12 @@ class FlowContract:
     operation that was not parked (DLQ, queue) and made fewer calls is lost, whatever it booked.
     ``per_key``: operations are entity events keyed by aggregate id, and the replica promises
     per-key order: the ``resurrected`` and ``out-of-order`` rules apply (``PER_KEY_COLUMNS``).
+    ``effect_sql``: the declared effect, SQL over the user's tables returning ``(op_id, applied)``
+    (how many times each operation was applied); ``lost`` and ``duplicate-effect`` then read it
+    instead of the effect table's rows, which a double-apply that adds no row never changes.
+    ``invariants``: properties of the final state (``Invariant``); a broken one is ``invariant-broken``.
+    ``exactly_once_output``: the flow promises one output message per operation (a transactional
+    producer read ``read_committed``, an outbox with an inbox): a second one is ``duplicate-output``.
     """
 
     expects_downstream: bool = True
@@ -141,12 +195,34 @@ class FlowContract:
     min_external_calls: int = 0
     max_deliveries: int | None = 10
     per_key: bool = False
+    effect_sql: str | None = None
+    invariants: tuple[Invariant, ...] = ()
+    exactly_once_output: bool = False
+
+    def __post_init__(self) -> None:
+        # A manifest read back holds the invariants as JSON objects: make them Invariants again.
+        parsed = tuple(i if isinstance(i, Invariant) else Invariant(**i) for i in self.invariants)
+        object.__setattr__(self, "invariants", parsed)
+        names = [i.name for i in parsed]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"invariant names repeat: {names}", hint="give each invariant its own name")
+        if self.effect_sql is not None and not self.effect_sql.strip():
+            raise ConfigError(
+                "effect_sql is empty",
+                hint="give a query returning (op_id, applied), or leave it None to count the effect table's rows",
+            )
+
+    @property
+    def effect_column(self) -> str:
+        """Return the summary column that says how many times an operation was applied."""
+        return "applied" if self.effect_sql else "effects"
 
 
 def rules(contract: FlowContract) -> dict[str, Pred]:
     """Return anomaly class -> predicate over the operation summary, for ``contract``."""
     not_parked = all_of(Cmp("dead_letters", "==", 0), Cmp("in_queue", "==", 0))
-    missing_output: Pred = Cmp("effects", "==", 0)
+    eff = contract.effect_column
+    missing_output: Pred = Cmp(eff, "==", 0)
     if contract.expects_downstream:
         missing_output = any_of(missing_output, Cmp("downstream", "==", 0))
     if contract.min_external_calls > 0:
@@ -154,35 +230,49 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     out: dict[str, Pred] = {
         # An op whose outbox row was never relayed is not lost but parked there: orphan-outbox.
         "lost": all_of(Cmp("submitted", ">", 0), not_parked, Cmp("outbox_pending", "==", 0), missing_output),
-        "duplicate-effect": all_of(Cmp("submitted", ">", 0), Cmp("effects", ">", 1)),
+        "duplicate-effect": all_of(Cmp("submitted", ">", 0), Cmp(eff, ">", 1)),
         "duplicate-external-call": Cmp("external_calls", ">", contract.max_external_calls),
-        "orphan-effect": all_of(Cmp("submitted", "==", 0), Cmp("effects", ">", 0)),
+        "orphan-effect": all_of(Cmp("submitted", "==", 0), Cmp(eff, ">", 0)),
         "orphan-outbox": Cmp("outbox_pending", ">", 0),
         "stuck": all_of(Cmp("in_queue", ">", 0), Cmp("dead_letters", "==", 0)),
         # A stage that diverts a message it must not process and raises an alert (a refused double
         # delivery, a poison message) does what it should: that dead letter is not an anomaly.
-        "dead-lettered": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", "==", 0), Cmp("alerts", "==", 0)),
-        "dead-lettered-with-effect": all_of(Cmp("dead_letters", ">", 0), Cmp("effects", ">", 0)),
+        "dead-lettered": all_of(Cmp("dead_letters", ">", 0), Cmp(eff, "==", 0), Cmp("alerts", "==", 0)),
+        "dead-lettered-with-effect": all_of(Cmp("dead_letters", ">", 0), Cmp(eff, ">", 0)),
     }
     if contract.max_deliveries is not None:
         out["never-dead-lettered-poison"] = all_of(
-            Cmp("deliveries", ">", contract.max_deliveries), Cmp("dead_letters", "==", 0), Cmp("effects", "==", 0)
+            Cmp("deliveries", ">", contract.max_deliveries), Cmp("dead_letters", "==", 0), Cmp(eff, "==", 0)
         )
     out["in-doubt"] = all_of(Cmp("prepared", ">", 0), Cmp("submitted", "==", 0), Cmp("aborted", "==", 0))
     if contract.per_key:
         out["resurrected"] = Cmp("resurrections", ">", 0)
         out["out-of-order"] = Cmp("regressions", ">", 0)
+    if contract.exactly_once_output:
+        out["duplicate-output"] = all_of(Cmp("submitted", ">", 0), Cmp("downstream", ">", 1))
+    if contract.invariants:
+        out["invariant-broken"] = Cmp("invariant_breaks", ">", 0)
     return out
 
 
 # Kinds written only when the run closes its books (the end-state snapshot). Without them an
 # operation's fate is unknown: it may have been applied, parked or still in flight.
 SNAPSHOT_KINDS: frozenset[Kind] = frozenset(
-    {Kind.RESIDUE_EFFECT, Kind.RESIDUE_QUEUE, Kind.RESIDUE_OUTBOX, Kind.RESIDUE_APPLY, Kind.RESIDUE_ENTITY}
+    {
+        Kind.RESIDUE_EFFECT,
+        Kind.RESIDUE_QUEUE,
+        Kind.RESIDUE_OUTBOX,
+        Kind.RESIDUE_APPLY,
+        Kind.RESIDUE_ENTITY,
+        Kind.RESIDUE_DECLARED,
+        Kind.RESIDUE_INVARIANT,
+    }
 )
 # Summary columns that count the snapshot (per-key columns are derived from the replica journal).
 SNAPSHOT_COLUMNS: frozenset[str] = frozenset(
-    {n for n, k in COUNTS.items() if k in SNAPSHOT_KINDS} | set(PER_KEY_COLUMNS)
+    {n for n, k in COUNTS.items() if k in SNAPSHOT_KINDS}
+    | {n for n, (k, _) in SUMS.items() if k in SNAPSHOT_KINDS}
+    | set(PER_KEY_COLUMNS)
 )
 
 

@@ -53,6 +53,7 @@ from harness.verify.model import (
     LATENCY_TOP_SCALE,
     PER_KEY_COLUMNS,
     SPAN_EXCLUDED,
+    SUMS,
     AllOf,
     Cmp,
     FlowContract,
@@ -308,6 +309,13 @@ def op_measures() -> dict[str, Column]:
         n: F.sum(F.when(is_kind(k) & (F.col("attempt") > above), 1).otherwise(0))
         for n, (k, above) in ATTEMPT_COUNTS.items()
     }
+    measures |= {
+        # a missing field is 0, as in the in-process engine; only that kind's rows parse their detail
+        n: F.sum(
+            F.when(is_kind(k), F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))).otherwise(0)
+        )
+        for n, (k, key) in SUMS.items()
+    }
     measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in FIRST_TS.items()}
     return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
 
@@ -389,7 +397,7 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return out[:MAX_WITNESSES]
 
 
-WITNESS_COLUMNS = (*COUNTS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
+WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
 
 
 def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[str, Any]]]:

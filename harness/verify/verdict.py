@@ -27,6 +27,36 @@ class Witness:
     faults: tuple[dict[str, Any], ...] = ()
 
 
+def _ops_phrase(ops: list[str], n: int, what: str) -> str:
+    more = f" and {n - len(ops)} more" if n > len(ops) else ""
+    return f"op{'s' if n > 1 else ''} {', '.join(ops)}{more} {what}"
+
+
+def explain(w: Witness) -> str:
+    """Return what a witness of a declared check shows, in words ("" for the other classes).
+
+    ``sum(accounts.balance) = 1,040, expected 1,000: ops op-7 applied twice``
+    """
+    if w.anomaly == "duplicate-output":
+        return f"op {w.op}: {w.summary.get('downstream', 0)} output messages, the flow promises one"
+    if w.anomaly != "invariant-broken":
+        return ""
+    for e in w.events:
+        d = e.get("detail") or {}
+        if e.get("kind") != "residue_invariant" or d.get("holds", True):
+            continue
+        head = f"{d.get('label')} = {int(d['actual']):,}, expected {int(d['expected']):,}"
+        if d.get("scope") == "op":
+            return f"{head} for op {w.op}"
+        why = []
+        if d.get("applied_twice_n"):
+            why.append(_ops_phrase(list(d["applied_twice"]), int(d["applied_twice_n"]), "applied more than once"))
+        if d.get("not_applied_n"):
+            why.append(_ops_phrase(list(d["not_applied"]), int(d["not_applied_n"]), "never applied"))
+        return head + (": " + "; ".join(why) if why else "")
+    return f"invariant broken at {w.op}"
+
+
 OUTCOMES = ("clean", "anomalies", "incomplete")
 
 
@@ -129,6 +159,10 @@ class Verdict:
         for cls_name, n in self.found().items():
             ops = sorted(self.ops(cls_name))[:3]
             more = ", ..." if n > len(ops) else ""
+            if cls_name == "invariant-broken":  # the op id alone says nothing: name the value
+                said = [explain(w) for w in self.witnesses if w.anomaly == cls_name][:3]
+                parts.append(f"{cls_name}={n} [{'; '.join(said)}{more}]")
+                continue
             parts.append(f"{cls_name}={n} [{', '.join(ops)}{more}]")
         if not self.incomplete:
             return "ANOMALIES: " + "; ".join(parts)

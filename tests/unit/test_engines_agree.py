@@ -20,10 +20,13 @@ from hypothesis import strategies as st
 
 from harness.ledger.reader import compact
 from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
+from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
 from harness.verify import checker
 from harness.verify.assemble import MAX_WITNESS_EVENTS, MAX_WITNESSES, compare_verdicts
-from harness.verify.model import FlowContract, rules
+from harness.verify.cli import contract_of
+from harness.verify.model import INVARIANT_OP_PREFIX, FlowContract, Invariant, rules
+from harness.verify.verdict import explain
 
 pytestmark = pytest.mark.spark
 
@@ -264,3 +267,90 @@ def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeyp
     assert f"-XX:SharedArchiveFile={archive}" in spark._java_options()
     monkeypatch.setenv(spark.CDS_DUMP_ENV, str(tmp_path / "training.jsa"))  # the training run records
     assert f"-XX:ArchiveClassesAtExit={tmp_path / 'training.jsa'}" in spark._java_options()
+
+
+# Declared checks (issue 15): class -> the classes the verdict must name under DECLARED_CONTRACT.
+DECLARED_EXPECT: dict[str, set[str]] = {
+    "normal": set(),
+    "double-apply": {"duplicate-effect"},  # applied twice, one row in the effect table
+    "declared-lost": {"lost"},  # its row is there, its declared effect is not
+    "dup-output": {"duplicate-output"},
+    "net-broken": {"invariant-broken"},
+}
+TOTAL = Invariant("conserved-total", "SELECT sum(balance) AS actual, 1000 AS expected FROM accounts")
+NET = Invariant("net-zero", "SELECT op_id, sum(amount) AS actual, 0 AS expected FROM moves GROUP BY 1", scope="op")
+DECLARED_CONTRACT = FlowContract(
+    effect_sql="SELECT op_id, count(*) AS applied FROM moves GROUP BY 1",
+    invariants=(TOTAL, NET),
+    exactly_once_output=True,
+)
+
+
+def _declared_events(i: int, cls: str) -> list[tuple[int, str, Kind, dict[str, Any]]]:
+    name, late = f"op-{i:04d}", T0 + 10_000 * S + 1000 + i
+    ev = _events(i, Op("normal", False))
+    if cls == "dup-output":
+        ev.append((T0 + i * S + 950 * MS, "sink", Kind.DOWNSTREAM, {"op": name}))
+    applied = {"double-apply": 2, "declared-lost": 0}.get(cls, 1)
+    if applied:
+        ev.append((late, "residue", Kind.RESIDUE_DECLARED, {"op": name, "detail": json.dumps({"applied": applied})}))
+    if cls == "net-broken":
+        detail = {"invariant": "net-zero", "scope": "op", "actual": 5, "expected": 0, "holds": False}
+        ev.append((late, "residue", Kind.RESIDUE_INVARIANT, {"op": name, "detail": json.dumps(detail)}))
+    return ev
+
+
+def _write_rows(run: Path, rows: list[tuple[int, str, Kind, dict[str, Any]]]) -> None:
+    seg = run / "ledger" / "segments"
+    seg.mkdir(parents=True)
+    by_src: dict[str, list[dict[str, Any]]] = {}
+    for ts, src, kind, cols in rows:
+        out = by_src.setdefault(src, [])
+        base = {"ts_ns": ts, "src": src, "pid": 100 + len(src), "seq": len(out), "kind": str(kind), "detail": "{}"}
+        out.append(dict.fromkeys(COLUMNS) | base | cols)
+    for src, out in by_src.items():
+        (seg / f"{src}-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+    compact(run / "ledger")
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(classes=st.lists(st.sampled_from(sorted(DECLARED_EXPECT)), min_size=1, max_size=10), total_broken=st.booleans())
+def test_engines_agree_on_declared_effects_invariants_and_outputs(
+    classes: list[str], total_broken: bool, spark_engine: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    run = tmp_path_factory.mktemp("declared")
+    rows = [e for i, c in enumerate(classes) for e in _declared_events(i, c)]
+    total = {"invariant": TOTAL.name, "scope": "global", "actual": 1040, "expected": 1000, "holds": not total_broken}
+    op = INVARIANT_OP_PREFIX + TOTAL.name if total_broken else None
+    rows.append((T0 + 10_000 * S, "residue", Kind.RESIDUE_INVARIANT, {"op": op, "detail": json.dumps(total)}))
+    _write_rows(run, rows)
+    spark, session = spark_engine
+    local = checker.check_run(run, DECLARED_CONTRACT)
+    remote = spark.check_run(run, DECLARED_CONTRACT, spark=session)
+    assert compare_verdicts(local, remote) == []
+    for cls in rules(DECLARED_CONTRACT):
+        injected = {f"op-{i:04d}" for i, c in enumerate(classes) if cls in DECLARED_EXPECT[c]}
+        if cls == "invariant-broken" and total_broken:
+            injected.add(INVARIANT_OP_PREFIX + TOTAL.name)
+        for v in (local, remote):
+            assert v.ops(cls) == injected, cls
+            assert v.anomalies[cls] == len(injected), cls
+    applied = {"double-apply": 2, "declared-lost": 0}
+    for w in remote.witnesses:  # the declared value reaches the witness in both engines
+        if w.op.startswith("op-"):
+            assert w.summary["applied"] == applied.get(classes[int(w.op[3:])], 1)
+
+
+def test_engines_agree_on_a_synthetic_ledger_with_injected_invariant_breaks(spark_engine: Any, tmp_path: Path) -> None:
+    run = synth_run(tmp_path / "synth", 60_000, seed=5, anomaly_rate=0.03)
+    truth = json.loads((run / "manifest.json").read_text())["ground_truth"]
+    assert truth["invariant-broken"] > 0
+    assert truth["duplicate-output"] > 0
+    contract = contract_of(run)
+    spark, session = spark_engine
+    local = checker.check_run(run, contract)
+    remote = spark.check_run(run, contract, spark=session)
+    assert compare_verdicts(local, remote) == []
+    assert remote.found() == {k: n for k, n in truth.items() if n}
+    (w,) = [w for w in remote.witnesses if w.anomaly == "invariant-broken"][:1]
+    assert explain(w) == f"net of the op's moves = 1, expected 0 for op {w.op}"

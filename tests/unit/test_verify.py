@@ -12,7 +12,7 @@ from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
 from harness.verify.assemble import compare_verdicts, pair_fault_windows, percentiles
 from harness.verify.checker import check_run
-from harness.verify.cli import synth_main, verify_main
+from harness.verify.cli import contract_of, synth_main, verify_main
 from harness.verify.model import FlowContract, latency_bucket_us
 from harness.verify.verdict import Verdict
 
@@ -100,7 +100,7 @@ def test_verdict_roundtrips_and_compares(tmp_path: Path) -> None:
 def test_synth_ground_truth_is_what_the_checker_finds(tmp_path: Path) -> None:
     run = synth_run(tmp_path / "r", 200_000, seed=11, anomaly_rate=0.01)
     truth = json.loads((run / "manifest.json").read_text())["ground_truth"]
-    v = check_run(run, FlowContract())
+    v = check_run(run, contract_of(run))  # the synthetic flow promises one output and a net of zero
     assert v.found() == {k: n for k, n in truth.items() if n}
     assert v.stats["seq_missing"] == 0
 
