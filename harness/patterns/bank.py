@@ -9,6 +9,13 @@ verdict counts transfers the bank really made, not calls a stage meant to make. 
 Crash points: ``bank_before_transfer`` (the request arrived, nothing executed) and
 ``bank_after_transfer`` (executed, the answer never sent). Either way the caller sees a dropped
 connection and cannot tell them apart; the supervisor restarts the bank on the same port.
+
+The bank's own stage handlers credit deposits to its ``main`` account (``fixtures/sql/deposits.sql``,
+issue 15): ``deposit_upsert`` (bad) books a deposit with an upsert that adds the amount again on a
+redelivery and moves the balance in place, so a redelivery after the commit applies it twice and
+adds no row: the row count is clean, the declared effect (``DEPOSIT_EFFECT_SQL``) and the balance
+invariant (``BALANCE_SQL``) are not. ``deposit_once`` (fixed) moves the balance only when its
+insert created the deposit.
 """
 
 from __future__ import annotations
@@ -27,9 +34,19 @@ from sqlalchemy import text
 
 from harness.clients import db
 from harness.ledger.schema import Kind
+from harness.worker.base import HandlerContext
 from harness.worker.process import ProcessContext
 
 POINTS = ("bank_before_transfer", "bank_after_transfer")
+
+# The deposits' promises as SQL (a scenario declares them on its FlowContract): how many times each
+# deposit was credited, and the account's balance against the deposits' amounts counted once.
+DEPOSIT_EFFECT_SQL = "SELECT op_id, credited / amount AS applied FROM deposits"
+BALANCE_SQL = (
+    "SELECT (SELECT balance FROM accounts WHERE id = 'main') AS actual, "
+    "(SELECT coalesce(sum(amount), 0) FROM deposits)::bigint AS expected"
+)
+BALANCE_LABEL = "accounts.balance of main"
 
 # (op, amount) -> the bank's transfer id. The transfer is executed when this returns.
 Execute = Callable[[str, int], str]
@@ -139,3 +156,39 @@ def main(ctx: ProcessContext) -> None:
         server.shutdown()
         server.server_close()
         engine.dispose()
+
+
+def _credit(ctx: HandlerContext, amount: int) -> None:
+    ctx.db.execute(text("UPDATE accounts SET balance = balance + :a WHERE id = 'main'"), {"a": amount})
+    ctx.record(Kind.EFFECT, table="deposits", amount=amount)
+
+
+def deposit_upsert(ctx: HandlerContext) -> None:
+    """Credit the deposit, adding the amount again if it is booked already (the bug: one row, twice the money)."""
+    amount = int(ctx.body.get("amount", 1))
+    ctx.db.execute(
+        text(
+            "INSERT INTO deposits (op_id, worker, amount, credited) VALUES (:op, :w, :a, :a) "
+            "ON CONFLICT (op_id) DO UPDATE SET credited = deposits.credited + EXCLUDED.amount, updated_at = now()"
+        ),
+        {"op": ctx.op, "w": ctx.worker, "a": amount},
+    )
+    _credit(ctx, amount)
+    ctx.send({"op": ctx.op, "from": ctx.stage})
+
+
+def deposit_once(ctx: HandlerContext) -> None:
+    """Credit the deposit only if this delivery booked it; a redelivery skips and re-emits."""
+    amount = int(ctx.body.get("amount", 1))
+    booked = ctx.db.execute(
+        text(
+            "INSERT INTO deposits (op_id, worker, amount, credited) VALUES (:op, :w, :a, :a) "
+            "ON CONFLICT (op_id) DO NOTHING"
+        ),
+        {"op": ctx.op, "w": ctx.worker, "a": amount},
+    ).rowcount
+    if booked == 1:
+        _credit(ctx, amount)
+    else:
+        ctx.record(Kind.SKIP, table="deposits", reason="deposit already credited")
+    ctx.send({"op": ctx.op, "from": ctx.stage})
