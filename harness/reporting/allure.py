@@ -46,6 +46,10 @@ def _summary(verdict: Verdict) -> str:
     lines = [verdict.headline(), f"scenario: {verdict.scenario or '-'}", f"engine: {verdict.engine}"]
     if verdict.seed is not None:
         lines.append(f"seed: {verdict.seed}")
+    broken = verdict.broken_promises()
+    if broken:  # the invariant in words: its value, the expected one, the operations behind it
+        lines.append("broken promises:")
+        lines.extend(f"  {b}" for b in broken)
     lines.extend(f"{k}: {v}" for k, v in sorted(verdict.stats.items()) if not isinstance(v, dict | list))
     if verdict.steps:
         lines.append("steps:")

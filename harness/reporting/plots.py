@@ -128,10 +128,13 @@ def _empty(ax: Axes, message: str) -> None:
     ax.set_yticks([])
 
 
-def plot_timeline(events: pa.Table, out: Path, *, title: str, highlight: set[str] | None = None) -> Path:
+def plot_timeline(
+    events: pa.Table, out: Path, *, title: str, highlight: set[str] | None = None, broken: Sequence[str] = ()
+) -> Path:
     """Write a PNG of each operation's events against seconds since the run's first event.
 
     At most ``MAX_OPS`` rows are drawn: the ``highlight`` ops (the anomalous ones) first, in red.
+    ``broken`` lines (the broken invariants in words) are written under the title, in red.
     Crashes also get a faint vertical line, so a crash of an op not drawn still shows.
     """
     wanted = highlight or set()
@@ -229,6 +232,8 @@ def plot_timeline(events: pa.Table, out: Path, *, title: str, highlight: set[str
     if wanted:
         note += f"; {len(wanted & set(ops))} anomalous first, in red"
     ax.set_title(note, fontsize=9, color="#555555", loc="left")
+    if broken:
+        ax.set_title("\n".join(broken[:3]), fontsize=9, color=_HIGHLIGHT, loc="right")
     if not ops:
         _empty(ax, "no event names an operation")
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
@@ -279,7 +284,10 @@ def render_run(run_dir: Path) -> Path | None:
     verdict = Verdict.load(verdict_path)
     events = read_ledger(run_dir / "ledger")
     title = f"{verdict.scenario} seed {verdict.seed}: {verdict.headline()}"
-    out = plot_timeline(events, run_dir / "timeline.png", title=title, highlight={w.op for w in verdict.witnesses})
+    highlight = {w.op for w in verdict.witnesses}
+    out = plot_timeline(
+        events, run_dir / "timeline.png", title=title, highlight=highlight, broken=verdict.broken_promises(3)
+    )
     submit_ns: dict[str, int] = {}
     latencies: list[float] = []
     for op, kind, ts in zip(

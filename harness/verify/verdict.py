@@ -58,6 +58,7 @@ def explain(w: Witness) -> str:
 
 
 OUTCOMES = ("clean", "anomalies", "incomplete")
+DECLARED_CLASSES = frozenset({"invariant-broken", "duplicate-output"})  # the classes ``explain`` words
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class Verdict:
     def ops(self, anomaly: str) -> set[str]:
         """Return the operation ids the verdict names for ``anomaly``."""
         return {w.op for w in self.witnesses if w.anomaly == anomaly}
+
+    def broken_promises(self, limit: int = 20) -> list[str]:
+        """Return the declared checks the witnesses show broken, in words (``explain``), at most ``limit``."""
+        said = (f"{w.anomaly}: {explain(w)}" for w in self.witnesses if w.anomaly in DECLARED_CLASSES)
+        return list(dict.fromkeys(said))[:limit]
 
     def found(self) -> dict[str, int]:
         """Return only the classes with a non-zero count."""

@@ -78,7 +78,8 @@ def test_an_op_with_its_row_but_no_declared_effect_is_lost(tmp_path: Path) -> No
     assert check_run(run, FlowContract(effect_sql=EFFECT_SQL)).ops("lost") == {"op-2"}
 
 
-def test_a_broken_global_invariant_is_named_in_words(tmp_path: Path) -> None:
+def _broken_total_run(tmp_path: Path) -> Path:
+    """Write a run whose op-2 was applied twice and whose conserved total broke."""
     broken = {
         "invariant": TOTAL.name,
         "label": TOTAL.shown,
@@ -92,8 +93,11 @@ def test_a_broken_global_invariant_is_named_in_words(tmp_path: Path) -> None:
         "not_applied_n": 0,
     }
     residue = [*_declared({"op-1": 1, "op-2": 2}), (Kind.RESIDUE_INVARIANT, INVARIANT_OP_PREFIX + TOTAL.name, broken)]
-    run = _run(tmp_path, {"op-1": 1, "op-2": 2}, residue)
-    v = check_run(run, DECLARED)
+    return _run(tmp_path, {"op-1": 1, "op-2": 2}, residue)
+
+
+def test_a_broken_global_invariant_is_named_in_words(tmp_path: Path) -> None:
+    v = check_run(_broken_total_run(tmp_path), DECLARED)
     assert v.found() == {"duplicate-effect": 1, "invariant-broken": 1}
     (w,) = [w for w in v.witnesses if w.anomaly == "invariant-broken"]
     said = "sum(accounts.balance) = 1,040, expected 1,000: op op-2 applied more than once"
@@ -165,3 +169,15 @@ def test_a_bad_declaration_is_refused_with_a_hint(kwargs: dict[str, object], sai
     with pytest.raises(ConfigError, match=said) as info:
         FlowContract(**kwargs)  # type: ignore[arg-type]
     assert info.value.hint
+
+
+def test_the_report_and_the_timeline_name_the_broken_invariant(tmp_path: Path) -> None:
+    from harness.reporting.allure import _summary
+    from harness.reporting.plots import render_run
+
+    v = check_run(_broken_total_run(tmp_path), DECLARED)
+    said = "invariant-broken: sum(accounts.balance) = 1,040, expected 1,000: op op-2 applied more than once"
+    assert v.broken_promises() == [said]
+    assert f"broken promises:\n  {said}" in _summary(v)
+    v.write(tmp_path / "verdict.json")
+    assert render_run(tmp_path) == tmp_path / "timeline.png"  # drawn with the broken invariant under its title
