@@ -29,6 +29,11 @@ committed):
 - ``participant_inbox``: claims the step's id with its effect; a redelivery skips the effect and
   replies with the stored decision -> clean (with the reply in a Kafka transaction with the
   offset, or after the DB commit: the inbox is what makes the step idempotent).
+
+The saga's promise as an invariant (issue 15, ``SAGA_NET_SQL``, scope ``op``): a completed saga
+charged its amount once, a compensated one nets zero. ``compensate=False`` (the bad orchestrator)
+marks a saga whose seat was refused compensated without sending the refund: every row is there
+once and every saga is final, so only the invariant sees the money kept.
 """
 
 from __future__ import annotations
@@ -43,6 +48,15 @@ from harness.patterns.saga_options import FINAL_STATES, step_op
 from harness.worker.kafka_stage import KafkaContext
 
 EFFECT_TABLES = {"pay": "saga_payments", "refund": "saga_payments", "seat": "saga_seats"}
+
+# Per final saga: what its payment steps moved (a refund row is negative) against what it owes.
+SAGA_NET_SQL = (
+    "SELECT s.saga_id AS op_id, coalesce(sum(p.amount) FILTER (WHERE p.status = 'ok'), 0)::bigint AS actual, "
+    "(CASE WHEN s.state = 'completed' THEN s.amount ELSE 0 END)::bigint AS expected "
+    "FROM sagas s LEFT JOIN saga_payments p ON p.saga_id = s.saga_id "
+    "WHERE s.state IN ('completed', 'compensated') GROUP BY s.saga_id, s.state, s.amount"
+)
+SAGA_NET_LABEL = "net payment of the saga"
 
 
 class TransientStepError(Exception):
@@ -106,6 +120,8 @@ def _decide(ctx: KafkaContext) -> dict[str, Any] | None:
         ctx.record(Kind.SKIP, table="sagas", saga=saga, state=state, step=step, status=status, reason="stale reply")
         return None
     state, next_step = move
+    if next_step == "refund" and not ctx.options.get("compensate", True):  # the cover-up: no refund sent
+        state, next_step = "compensated", None
     ctx.db.execute(
         text("UPDATE sagas SET state = :st, updated_at = now() WHERE saga_id = :s"), {"st": state, "s": saga}
     )

@@ -54,6 +54,8 @@ class SagaOptions:
     ``refuse_seat``: saga numbers whose seat the seat participant refuses (a semantic error).
     ``flaky_seat``: saga numbers whose seat request fails ``fail_times`` times with a transient
     error before it succeeds (more than ``max_attempts``: it is dead-lettered).
+    ``compensate``: a refused seat is compensated by a refund; False marks the saga compensated
+    without it (the bad variant only ``kafka_saga.SAGA_NET_SQL``, a declared invariant, catches).
     """
 
     participant: str = "inbox"
@@ -63,13 +65,14 @@ class SagaOptions:
     refuse_seat: tuple[int, ...] = ()
     flaky_seat: tuple[int, ...] = ()
     fail_times: int = 99
+    compensate: bool = True
 
     def __post_init__(self) -> None:
         for name, allowed in (("participant", PARTICIPANTS), ("reply", REPLIES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"saga option {name}={value!r}", hint=f"use one of {', '.join(allowed)}")
-        for name in ("dlt_replies", "resend"):
+        for name in ("dlt_replies", "resend", "compensate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"saga option {name}={getattr(self, name)!r}", hint="use True or False")
         for name in ("refuse_seat", "flaky_seat"):

@@ -23,7 +23,7 @@ from harness.clients import db
 from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.patterns import bank
+from harness.patterns import bank, kafka_saga
 from harness.stack.reset import Resetter
 from harness.verify import declared
 from harness.verify.checker import check_run
@@ -55,7 +55,8 @@ class _Context:
     options: dict[str, Any] = field(default_factory=dict)
     worker: str = "worker-0"
     stage: str = "deposits"
-    sent: list[dict[str, Any]] = field(default_factory=list)
+    topic: str = "input"
+    sent: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
     recorded: list[Kind] = field(default_factory=list)
 
     @property
@@ -63,7 +64,7 @@ class _Context:
         raise AssertionError("the deposit handlers use no side connection")
 
     def send(self, body: dict[str, Any], dest: str | None = None, *, key: str | None = None) -> None:
-        self.sent.append(body)
+        self.sent.append((body, dest))
 
     def record(self, kind: Kind, **detail: Any) -> None:
         self.recorded.append(kind)
@@ -138,3 +139,57 @@ def test_a_bad_invariant_is_refused_with_its_name(engine: sa.Engine) -> None:
     declared.check(engine, CONTRACT)  # the good declarations pass, and nothing was written by checking
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM deposits")).scalar_one() == 0
+
+
+SAGA_NET = Invariant("saga-net", kafka_saga.SAGA_NET_SQL, scope="op", label=kafka_saga.SAGA_NET_LABEL)
+
+
+def _run_saga(eng: sa.Engine, saga: str, refuse: str | None, compensate: bool) -> None:
+    """Carry one saga through the orchestrator and the inbox participants, each record one committed
+    transaction on real Postgres; the records between them are routed here instead of by Kafka."""
+    options = {"payment_topic": "payments", "seat_topic": "seats", "resend": False, "compensate": compensate}
+    pending: list[tuple[dict[str, Any], str | None]] = [
+        ({"type": "start", "op": saga, "amount": 100, "refuse": refuse}, None)
+    ]
+    while pending:
+        body, dest = pending.pop(0)
+        handler = kafka_saga.orchestrator if dest is None else kafka_saga.participant_inbox
+        op = saga if dest is None else f"{saga}.{body['step']}"
+        with eng.begin() as conn:
+            ctx = _Context(op, body, conn, options=options, topic=dest or "orchestrator")
+            handler(ctx)
+        pending += ctx.sent
+
+
+@pytest.mark.parametrize("compensate", [False, True], ids=["marks-compensated", "refunds"])
+def test_a_saga_compensated_without_its_refund_breaks_only_the_net_zero_invariant(
+    txchaos_stack: Endpoints, txchaos_reset: Resetter, tmp_path: Path, compensate: bool
+) -> None:
+    eng = db.engine(txchaos_stack.postgres_url)
+    db.apply_schema(eng, "kafka_saga")
+    contract = FlowContract(expects_downstream=False, invariants=(SAGA_NET,))
+    declared.check(eng, contract)
+    _run_saga(eng, "saga-1", "seat", compensate)  # the seat is refused: the payment must be refunded
+    _run_saga(eng, "saga-2", None, compensate)
+    with eng.connect() as conn:
+        states = dict(conn.execute(sa.text("SELECT saga_id, state FROM sagas")).all())
+        rows = conn.execute(sa.text("SELECT op_id, count(*) FROM saga_payments GROUP BY 1 ORDER BY 1")).all()
+    # every saga final, every step's row there once: the row-level checks have nothing to catch
+    assert states == {"saga-1": "compensated", "saga-2": "completed"}
+    assert {op: n for op, n in rows} == {"saga-1.pay": 1, "saga-2.pay": 1} | (
+        {"saga-1.refund": 1} if compensate else {}
+    )
+    (tmp_path / "manifest.json").write_text(json.dumps({"complete": True, "contract": {}}))
+    with LedgerWriter(tmp_path / "ledger", "driver") as d:
+        for saga, state in states.items():
+            d.emit(Kind.SUBMIT, op=saga)
+            d.emit(Kind.RESIDUE_EFFECT, op=saga, dest="sagas", state=state)  # final: as the saga run books it
+        declared.snapshot(eng, contract, d, list(states))
+    eng.dispose()
+    assert check_run(tmp_path, FlowContract(expects_downstream=False)).clean
+    v = check_run(tmp_path, contract)
+    if compensate:
+        assert v.clean, v.headline()
+        return
+    assert v.found() == {"invariant-broken": 1}
+    assert v.broken_promises() == ["invariant-broken: net payment of the saga = 100, expected 0 for op saga-1"]
