@@ -16,6 +16,7 @@ own rules, its ``open_session`` and its ``judge``; ``NetworkMachine`` adds the t
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from contextlib import ExitStack
@@ -34,6 +35,7 @@ from harness.run.folder import RunFolder
 from harness.run.runner import RunResult
 from harness.run.spec import ScenarioSpec
 from harness.stack.base import Endpoints
+from harness.verify.verdict import Verdict
 
 
 class MachineRun(Protocol):
@@ -70,6 +72,8 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     # the rest of the examples are Hypothesis shrinking it.
     found_at: ClassVar[tuple[int, float] | None] = None
     started_at: ClassVar[float | None] = None
+    # A machine's own per-class state and its starting values, e.g. ``{"first_failure": None}``.
+    own_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,8 +94,15 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     # -- hooks ---------------------------------------------------------------------------------
     @classmethod
     def fresh_state(cls) -> dict[str, Any]:
-        """Return the class attributes a newly bound machine starts from (a subclass adds its own)."""
-        return {"last_steps": [], "last_result": None, "examples": 0, "found_at": None, "started_at": None}
+        """Return the class attributes a newly bound machine starts from: the counters, then ``own_state``."""
+        counters: dict[str, Any] = {
+            "last_steps": [],
+            "last_result": None,
+            "examples": 0,
+            "found_at": None,
+            "started_at": None,
+        }
+        return {**counters, **copy.deepcopy(cls.own_state)}
 
     def begin_example(self) -> None:
         """Reset what a machine keeps per example, before its run opens."""
@@ -183,6 +194,14 @@ class NetworkMachine(MachineBase[S]):
     def heal_network(self) -> None:
         self._step("heal_network()")
         self._heal()
+
+
+def failure(broken: list[str], verdict: Verdict) -> str | None:
+    """Return the failure's first lines: what is ``broken``, then every flagged operation per class."""
+    if not broken:
+        return None
+    flagged = "".join(f"\n{a}: {', '.join(sorted(verdict.ops(a)))}" for a in verdict.found())
+    return f"{'; '.join(broken)}{flagged}"
 
 
 M = TypeVar("M", bound=MachineBase[Any])

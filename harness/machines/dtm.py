@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
-from harness.machines.base import MachineBase, bind
+from harness.machines.base import MachineBase, bind, failure
 from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
 from harness.run.dtm_runner import DtmRunSession
 from harness.run.runner import RunResult
@@ -58,9 +58,7 @@ class DtmMachine(MachineBase[DtmRunSession]):
     # The first counterexample: (its failure message, its run, the held operations, its steps).
     first_failure: ClassVar[tuple[str, RunResult, list[str], list[str]] | None] = None
 
-    @classmethod
-    def fresh_state(cls) -> dict[str, Any]:
-        return {**super().fresh_state(), "last_held": [], "first_failure": None}
+    own_state: ClassVar[dict[str, Any]] = {"last_held": [], "first_failure": None}
 
     def begin_example(self) -> None:
         type(self).last_held = []
@@ -132,10 +130,7 @@ class DtmMachine(MachineBase[DtmRunSession]):
         broken = [] if verdict.clean else [verdict.headline()]
         if debited != credited:
             broken.append(f"money not conserved: debited {debited}, credited {credited}")
-        if not broken:
-            return None
-        ops = "".join(f"\n{cls}: {', '.join(sorted(verdict.ops(cls)))}" for cls in verdict.found())
-        return f"{'; '.join(broken)}{ops}"
+        return failure(broken, verdict)
 
 
 def dtm_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[DtmMachine]:

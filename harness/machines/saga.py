@@ -28,7 +28,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from harness.machines.base import NetworkMachine, bind
+from harness.machines.base import NetworkMachine, bind, failure
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
 from harness.run.runner import RunResult
 from harness.run.saga_runner import SagaRunSession
@@ -56,19 +56,12 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
     first_failure: ClassVar[tuple[str, RunResult, list[str]] | None] = None
     durations: ClassVar[list[float]] = []
 
-    @classmethod
-    def fresh_state(cls) -> dict[str, Any]:
-        return {**super().fresh_state(), "first_failure": None, "durations": []}
+    own_state: ClassVar[dict[str, Any]] = {"first_failure": None, "durations": []}
 
     def open_session(self, spec: ScenarioSpec) -> SagaRunSession:
         return SagaRunSession(spec, type(self).endpoints).open()
 
     # -- rules ---------------------------------------------------------------------------------
-    @rule(n=st.integers(min_value=1, max_value=3))
-    def start(self, n: int) -> None:
-        self._step(f"start({n})")
-        self.run.submit(n)
-
     @rule()
     def refuse_seat(self) -> None:
         """Start one saga whose seat is refused (a semantic error reply): it must be compensated."""
@@ -80,6 +73,11 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
         """Start one saga whose seat request fails ``fail_times`` times with a transient error."""
         self._step(f"flaky_seat({fail_times})")
         self.run.submit(1, fail_times=fail_times)
+
+    @rule(n=st.integers(min_value=1, max_value=3))
+    def start(self, n: int) -> None:
+        self._step(f"start({n})")
+        self.run.submit(n)
 
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
@@ -126,10 +124,7 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
             found |= {"duplicate-effect"} if self.first_duplicate is not None else set()
             if not found & hunted:
                 return None
-        if not broken:
-            return None
-        flagged = "".join(f"\n{a}: {', '.join(sorted(verdict.ops(a)))}" for a in verdict.found())
-        return f"{'; '.join(broken)}{flagged}"
+        return failure(broken, verdict)
 
 
 def saga_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[SagaMachine]:

@@ -34,55 +34,62 @@ class Target:
     machine: Callable[..., Any] = stage_machine
 
 
-def _onepc(variant: str, handler: str) -> ScenarioSpec:
+def _spec(name: str, variant: str, handler: str, schema: str, effect_table: str, **fields: Any) -> ScenarioSpec:
+    """Return machine spec ``name``/``variant`` running ``handler`` ("module:function" in harness.patterns)."""
     return ScenarioSpec(
-        name="onepc_machine",
+        name=name,
         variant=variant,
-        handler=f"harness.patterns.onepc:{handler}",
-        schema="onepc",
-        effect_table="onepc_effects",
-        options={"table": "onepc_effects"},
+        handler=f"harness.patterns.{handler}",
+        schema=schema,
+        effect_table=effect_table,
+        **fields,
+    )
+
+
+def _onepc(variant: str, handler: str) -> ScenarioSpec:
+    return _spec(
+        "onepc_machine", variant, f"onepc:{handler}", "onepc", "onepc_effects", options={"table": "onepc_effects"}
     )
 
 
 def _poison(variant: str, handler: str) -> ScenarioSpec:
     # A poison example ends when the worker has crash-looped more than max_deliveries times: 5
     # keeps an example ~2 s (the fixed stage diverts after 3 deliveries, well inside it).
-    return ScenarioSpec(
-        name="poison_machine",
-        variant=variant,
-        handler=f"harness.patterns.poison:{handler}",
-        schema="poison",
-        effect_table="poison_effects",
-        timeout_s=20.0,
-        contract=FlowContract(max_deliveries=5),
+    contract = FlowContract(max_deliveries=5)
+    return _spec(
+        "poison_machine", variant, f"poison:{handler}", "poison", "poison_effects", timeout_s=20.0, contract=contract
     )
 
 
 def _send_money(variant: str, handler: str) -> ScenarioSpec:
-    return ScenarioSpec(
-        name="send_money_machine",
-        variant=variant,
-        handler=f"harness.patterns.send_money:{handler}",
-        schema="bank",
-        effect_table="payments",
-        helpers=(Helper("bank", "harness.patterns.bank:main", port=True),),
-        points=(*send_money.POINTS, *bank.POINTS),
-        contract=FlowContract(min_external_calls=1),
+    bank_helper = Helper("bank", "harness.patterns.bank:main", port=True)
+    points = (*send_money.POINTS, *bank.POINTS)
+    contract = FlowContract(min_external_calls=1)
+    return _spec(
+        "send_money_machine",
+        variant,
+        f"send_money:{handler}",
+        "bank",
+        "payments",
+        helpers=(bank_helper,),
+        points=points,
+        contract=contract,
     )
 
 
 def _outbox(variant: str, consumer: str) -> ScenarioSpec:
     # After a relay crash an example waits for the sweeper (rows unsent 0.3 s) and the restart.
-    return ScenarioSpec(
-        name="outbox_machine",
-        variant=variant,
-        handler="harness.patterns.outbox:place_order",
-        schema="outbox",
-        effect_table="outbox_effects",
+    relay = Helper("relay", "harness.patterns.outbox:relay", options={"sweeper": True})
+    chain = (Stage("consumer", f"harness.patterns.outbox:{consumer}"),)
+    return _spec(
+        "outbox_machine",
+        variant,
+        "outbox:place_order",
+        "outbox",
+        "outbox_effects",
         outbox_table="outbox",
-        chain=(Stage("consumer", f"harness.patterns.outbox:{consumer}"),),
-        helpers=(Helper("relay", "harness.patterns.outbox:relay", options={"sweeper": True}),),
+        chain=chain,
+        helpers=(relay,),
         points=outbox.POINTS,
         timeout_s=30.0,
         settle_s=0.3,
@@ -92,14 +99,15 @@ def _outbox(variant: str, consumer: str) -> ScenarioSpec:
 def _kafka(variant: str, handler: str, module: str = "kafka_consumer", **options: object) -> ScenarioSpec:
     # Static membership: a restarted consumer takes its partition back at once instead of after
     # the dead member's session timeout (6 s), so a crash costs an example ~1 s, not 7.
-    return ScenarioSpec(
-        name="kafka_machine",
-        variant=variant,
+    options = {"batch_size": 5, "partitions": 1, "static_membership": True, **options}
+    return _spec(
+        "kafka_machine",
+        variant,
+        f"{module}:{handler}",
+        "kafka_consumer",
+        "kafka_effects",
         broker="kafka",
-        handler=f"harness.patterns.{module}:{handler}",
-        schema="kafka_consumer",
-        effect_table="kafka_effects",
-        options={"batch_size": 5, "partitions": 1, "static_membership": True, **options},
+        options=options,
         timeout_s=30.0,
     )
 
@@ -113,16 +121,17 @@ def _saga(variant: str, expect: frozenset[str] = frozenset(), **saga: object) ->
     # One record per poll and static membership: a crash redelivers one request, and the
     # restarted stage takes its partition back at once.
     options = {"batch_size": 1, "partitions": 1, "static_membership": True, "max_attempts": 3, "backoff_ms": 50}
-    return ScenarioSpec(
-        name="kafka_saga_machine",
-        variant=variant,
+    contract = FlowContract(expects_downstream=False, max_deliveries=None)
+    return _spec(
+        "kafka_saga_machine",
+        variant,
+        "kafka_saga:orchestrator",
+        "kafka_saga",
+        "saga_payments",
         broker="kafka_saga",
-        handler="harness.patterns.kafka_saga:orchestrator",
-        schema="kafka_saga",
-        effect_table="saga_payments",
         options={**options, **saga},
         timeout_s=30.0,
-        contract=FlowContract(expects_downstream=False, max_deliveries=None),
+        contract=contract,
         expect=expect,
     )
 
@@ -130,17 +139,19 @@ def _saga(variant: str, expect: frozenset[str] = frozenset(), **saga: object) ->
 def _cqrs(variant: str, handler: str, expect: frozenset[str] = frozenset()) -> ScenarioSpec:
     # Static membership as for the consumer; a batch of 5 holds an entity's create, update and delete.
     # ``expect``: the class the bad variant's search hunts (harness.machines.cqrs).
-    return ScenarioSpec(
-        name="kafka_cqrs_machine",
-        variant=variant,
+    options = {"batch_size": 5, "partitions": 1, "static_membership": True}
+    contract = FlowContract(expects_downstream=False, per_key=True)
+    return _spec(
+        "kafka_cqrs_machine",
+        variant,
+        f"kafka_cqrs:{handler}",
+        "kafka_cqrs",
+        "cqrs_journal",
         broker="kafka_cqrs",
-        handler=f"harness.patterns.kafka_cqrs:{handler}",
-        schema="kafka_cqrs",
-        effect_table="cqrs_journal",
         effect_column="event_id",
-        options={"batch_size": 5, "partitions": 1, "static_membership": True},
+        options=options,
         timeout_s=30.0,
-        contract=FlowContract(expects_downstream=False, per_key=True),
+        contract=contract,
         expect=expect,
     )
 

@@ -20,69 +20,46 @@ statement per batch (``unnest`` of arrays) instead of one per record.
 
 from __future__ import annotations
 
+from functools import partial
+
 from sqlalchemy import text
 
 from harness.ledger.schema import Kind
+from harness.patterns.onepc import apply_effect, forward, insert, skip_or_apply
 from harness.worker.kafka_stage import KafkaContext, batch_handler
 
 EFFECTS = "kafka_effects"
 
 
+def _coordinates(ctx: KafkaContext) -> dict[str, object]:
+    return {"topic": ctx.topic, "part": ctx.partition, '"offset"': ctx.offset}
+
+
 def _apply(ctx: KafkaContext) -> None:
-    ctx.db.execute(
-        text(f'INSERT INTO {EFFECTS} (op_id, worker, amount, topic, part, "offset") VALUES (:op, :w, :a, :t, :p, :o)'),
-        {
-            "op": ctx.op,
-            "w": ctx.worker,
-            "a": int(ctx.body.get("amount", 1)),
-            "t": ctx.topic,
-            "p": ctx.partition,
-            "o": ctx.offset,
-        },
-    )
-    ctx.record(Kind.EFFECT, table=EFFECTS)
-
-
-def _emit(ctx: KafkaContext) -> None:
-    ctx.send({"op": ctx.op, "from": ctx.stage})
+    apply_effect(ctx, EFFECTS, _coordinates(ctx))
 
 
 def naive(ctx: KafkaContext) -> None:
     """Apply the effect and emit the event, trusting each record to arrive once."""
     _apply(ctx)
-    _emit(ctx)
+    forward(ctx)
+
+
+def _inbox(ctx: KafkaContext, table: str, claim: dict[str, object], reason: str) -> None:
+    """Claim the record in inbox ``table`` (same DB transaction as the effect): apply the effect if
+    the claim is new, else skip it; emit the event either way."""
+    fresh = insert(ctx, table, claim, "ON CONFLICT DO NOTHING RETURNING 1").first()
+    skip_or_apply(ctx, applied=fresh is None, table=table, reason=reason, apply=partial(_apply, ctx))
 
 
 def inbox_offset(ctx: KafkaContext) -> None:
     """Apply the effect unless the inbox holds this record's (topic, partition, offset); always emit."""
-    fresh = ctx.db.execute(
-        text(
-            'INSERT INTO kafka_inbox (topic, part, "offset", op_id) VALUES (:t, :p, :o, :op) '
-            "ON CONFLICT DO NOTHING RETURNING 1"
-        ),
-        {"t": ctx.topic, "p": ctx.partition, "o": ctx.offset, "op": ctx.op},
-    ).first()
-    if fresh is None:
-        ctx.record(Kind.SKIP, table="kafka_inbox", reason="record already applied")
-    else:
-        _apply(ctx)
-    _emit(ctx)
+    _inbox(ctx, "kafka_inbox", {**_coordinates(ctx), "op_id": ctx.op}, "record already applied")
 
 
 def inbox_event(ctx: KafkaContext) -> None:
     """Apply the effect unless the inbox holds this record's event id; always emit."""
-    fresh = ctx.db.execute(
-        text(
-            'INSERT INTO kafka_inbox_events (event_id, topic, part, "offset") VALUES (:e, :t, :p, :o) '
-            "ON CONFLICT DO NOTHING RETURNING 1"
-        ),
-        {"e": ctx.op, "t": ctx.topic, "p": ctx.partition, "o": ctx.offset},
-    ).first()
-    if fresh is None:
-        ctx.record(Kind.SKIP, table="kafka_inbox_events", reason="event already applied")
-    else:
-        _apply(ctx)
-    _emit(ctx)
+    _inbox(ctx, "kafka_inbox_events", {"event_id": ctx.op, **_coordinates(ctx)}, "event already applied")
 
 
 def _apply_all(ctxs: list[KafkaContext]) -> None:
@@ -112,7 +89,7 @@ def naive_batch(ctxs: list[KafkaContext]) -> None:
     """``naive`` for a whole batch: every effect in one INSERT."""
     _apply_all(ctxs)
     for c in ctxs:
-        _emit(c)
+        forward(c)
 
 
 @batch_handler
@@ -145,4 +122,4 @@ def inbox_offset_batch(ctxs: list[KafkaContext]) -> None:
             c.record(Kind.SKIP, table="kafka_inbox", reason="record already applied")
     _apply_all(new)
     for c in ctxs:
-        _emit(c)
+        forward(c)

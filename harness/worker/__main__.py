@@ -11,23 +11,22 @@ import sys
 from pathlib import Path
 
 from harness.clients import db
+from harness.worker.base import WorkerRuntime
 from harness.worker.kafka_stage import KafkaStageWorker
-from harness.worker.process import run_process
+from harness.worker.process import ProcessWorker
 from harness.worker.spec import WorkerSpec
 from harness.worker.stage import StageWorker
 from harness.worker.zygote import serve
+
+# ``WorkerSpec.kind`` -> its runtime: a new transport's stage worker is one more entry.
+RUNTIMES: dict[str, type[WorkerRuntime]] = {"stage": StageWorker, "kafka": KafkaStageWorker, "process": ProcessWorker}
 
 
 def run_spec(spec_path: Path) -> None:
     """Run the worker ``spec_path`` describes until it stops (or is killed)."""
     spec = WorkerSpec.load(spec_path)
     spec.use_driver_path()
-    if spec.kind == "process":
-        run_process(spec)
-    elif spec.kind == "kafka":
-        KafkaStageWorker(spec).run()
-    else:
-        StageWorker(spec).run()
+    RUNTIMES.get(spec.kind, StageWorker)(spec).run()
 
 
 def warm_up() -> None:

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,16 +29,14 @@ from harness.clients.db import Connection
 from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
-from harness.ledger.writer import LedgerWriter
-from harness.stack.base import Endpoints
-from harness.worker.crash import CrashPoints, ForcedRedelivery
+from harness.worker.base import ContextBase, WorkerRuntime, load_handler
+from harness.worker.crash import ForcedRedelivery
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
-from harness.worker.stage import load_handler
 
 
 @dataclass
-class KafkaContext:
+class KafkaContext(ContextBase):
     """What a Kafka stage handler gets for one record.
 
     ``db`` is inside the stage's DB transaction. ``send`` queues an output record (key: the
@@ -50,16 +45,7 @@ class KafkaContext:
     ``dead_letter`` diverts the record to the dead-letter topic with an alert.
     """
 
-    op: str
-    body: dict[str, Any]
     message: Record
-    db: Connection
-    options: dict[str, Any]
-    worker: str
-    stage: str
-    _record: Callable[..., None]
-    _crash: Callable[[str], None]
-    _side: Callable[[], Connection]
     sent: list[tuple[dict[str, Any], str | None, str | None]] = field(default_factory=list)
     diverted: str | None = None
 
@@ -75,28 +61,15 @@ class KafkaContext:
     def offset(self) -> int:
         return self.message.offset
 
-    @property
-    def side(self) -> Connection:
-        """The worker's autocommit connection, outside the stage transaction."""
-        return self._side()
-
-    def send(self, body: dict[str, Any], topic: str | None = None, *, key: str | None = None) -> None:
-        """Queue ``body`` for ``topic`` (default: the stage's output topic), keyed by ``key``
+    def send(self, body: dict[str, Any], dest: str | None = None, *, key: str | None = None) -> None:
+        """Queue ``body`` for topic ``dest`` (default: the stage's output topic), keyed by ``key``
         (default: this record's operation id; a saga's orchestrator names each request's own)."""
-        self.sent.append((body, topic, key))
+        self.sent.append((body, dest, key))
 
     def dead_letter(self, reason: str) -> None:
         """Divert this record to the dead-letter topic (after the DB commit) and raise an alert."""
         self.diverted = reason
         self._record(Kind.ALERT, reason=reason)
-
-    def record(self, kind: Kind, **detail: Any) -> None:
-        """Write a ledger event about this record (EFFECT, SKIP, ...)."""
-        self._record(kind, **detail)
-
-    def crash_point(self, name: str) -> None:
-        """Mark a pattern-specific crash point; the harness may kill the worker here."""
-        self._crash(name)
 
 
 class BatchFailed(Exception):
@@ -183,27 +156,19 @@ class _Disconnect(Exception):
     """Drop the consumer and join again (a forced redelivery)."""
 
 
-class KafkaStageWorker:
+class KafkaStageWorker(WorkerRuntime):
     """Consume ``spec.input_queue`` (a topic) in group ``options["group"]`` until SIGTERM."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.opts = KafkaStageOptions.from_options(spec.options)
         self.group = str(spec.options["group"])
-        self.run_dir = Path(spec.run_dir)
-        self.endpoints = Endpoints.load(Path(spec.endpoints_path))
         self.bootstrap = self.endpoints.kafka.address
-        self.ledger = LedgerWriter(self.run_dir / "ledger", spec.name)
-        self.crash = CrashPoints(self.run_dir, spec.name, self.ledger)
         handler: Any = load_handler(spec.handler)
         self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else _per_record(handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
         self._conn: db.Connection | None = None
-        self._side_engine: db.Engine | None = None
-        self._side_conn: db.Connection | None = None
-        self.stop = threading.Event()
         self.high = HighWater(self.run_dir / "kafka-high")
-        self.attempts: Counter[str] = Counter()
         # Records handed out and not yet covered by an offset commit, per partition: (offset, op).
         self.pending: dict[TP, list[tuple[int, str]]] = {}
         self.batches = 0
@@ -212,13 +177,6 @@ class KafkaStageWorker:
         self.producer: OutputProducer | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
-    def side(self) -> db.Connection:
-        if self._side_conn is None or self._side_conn.closed:
-            if self._side_engine is None:
-                self._side_engine = db.engine(self.endpoints.postgres_url, pool_size=1, autocommit=True)
-            self._side_conn = self._side_engine.connect()
-        return self._side_conn
-
     def _db(self) -> db.Connection:
         """Return the stage's connection, kept open: a pool checkout per record costs a ping."""
         if self._conn is None or self._conn.closed or self._conn.invalidated:
@@ -305,19 +263,14 @@ class KafkaStageWorker:
         )
 
     # -- the loop ------------------------------------------------------------------------------
-    def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+    def serve(self) -> None:
         transactional = f"{self.group}.{self.spec.name}" if self.opts.commit == "transaction" else None
         # One transactional id per worker name: a restarted worker fences its dead predecessor
         # and aborts the transaction it left open.
         self.producer = OutputProducer(self.bootstrap, transactional_id=transactional, client_id=self.spec.name)
-        started = False
         while not self.stop.is_set():  # one pass per group membership: a forced disconnect rejoins
             self.consumer = self._join()
-            if not started:
-                self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue, group=self.group)
-                (self.run_dir / "workers" / f"{self.spec.name}.ready").touch()
-                started = True
+            self.ready(group=self.group)
             try:
                 while not self.stop.is_set():
                     records = self.consumer.poll_batch(self.opts.batch_size, self.opts.poll_timeout_ms / 1000)
@@ -377,17 +330,42 @@ class KafkaStageWorker:
     def _context(self, conn: Connection, r: Record, op: str) -> KafkaContext:
         body: dict[str, Any] = json.loads(r.value) if r.value else {}  # no value: a tombstone
         return KafkaContext(
-            op,
-            body,
-            r,
-            conn,
-            self.spec.options,
-            self.spec.name,
-            self.spec.stage,
-            lambda kind, **d: self._emit(kind, r, op, **d),
-            lambda point: self._reach(point, r, op),
-            self.side,
+            op=op,
+            body=body,
+            db=conn,
+            options=self.spec.options,
+            worker=self.spec.name,
+            stage=self.spec.stage,
+            _record=lambda kind, **d: self._emit(kind, r, op, **d),
+            _crash=lambda point: self._reach(point, r, op),
+            _side=self.side,
+            message=r,
         )
+
+    def _transaction(self, records: list[Record], ops: list[str], *, poll_points: bool) -> list[KafkaContext]:
+        """Run the handler on ``records`` in one DB transaction and commit it; on any error roll
+        back, write a rollback per record and re-raise. ``poll_points``: reach ``after_poll`` inside."""
+        conn = self._db()
+        trans = conn.begin()
+        contexts: list[KafkaContext] = []
+        try:
+            for r, op in zip(records, ops, strict=True):
+                if poll_points:
+                    self._reach("after_poll", r, op)
+                contexts.append(self._context(conn, r, op))
+            self.handler(contexts)
+            for r, op in zip(records, ops, strict=True):
+                self._reach("before_db_commit", r, op)
+            trans.commit()
+        except BaseException:
+            if trans.is_active:
+                trans.rollback()
+            for r, op in zip(records, ops, strict=True):
+                self._emit(Kind.DB_ROLLBACK, r, op)
+            raise
+        for r, op in zip(records, ops, strict=True):
+            self._emit(Kind.DB_COMMIT, r, op)
+        return contexts
 
     def _one(self, r: Record, op: str) -> None:
         """Process one record in its own DB transaction, retrying, then dead-lettering it."""
@@ -396,19 +374,7 @@ class KafkaStageWorker:
         while True:
             attempt += 1
             try:
-                conn = self._db()
-                trans = conn.begin()
-                try:
-                    ctx = self._context(conn, r, op)
-                    self.handler([ctx])
-                    self._reach("before_db_commit", r, op)
-                    trans.commit()
-                except BaseException:
-                    if trans.is_active:
-                        trans.rollback()
-                    self._emit(Kind.DB_ROLLBACK, r, op)
-                    raise
-                self._emit(Kind.DB_COMMIT, r, op)
+                (ctx,) = self._transaction([r], [op], poll_points=False)
                 break
             except ForcedRedelivery:
                 raise
@@ -461,32 +427,14 @@ class KafkaStageWorker:
 
     def _batch_tx(self, records: list[Record], ops: list[str], attempt: int) -> Exception | None:
         """Process the batch in one DB transaction; return the handler's error if it failed."""
-        contexts: list[KafkaContext] = []
         try:
-            conn = self._db()
-            trans = conn.begin()
-            try:
-                for r, op in zip(records, ops, strict=True):
-                    self._reach("after_poll", r, op)
-                    contexts.append(self._context(conn, r, op))
-                self.handler(contexts)
-                for r, op in zip(records, ops, strict=True):
-                    self._reach("before_db_commit", r, op)
-                trans.commit()
-            except BaseException:
-                if trans.is_active:
-                    trans.rollback()
-                for r, op in zip(records, ops, strict=True):
-                    self._emit(Kind.DB_ROLLBACK, r, op)
-                raise
+            contexts = self._transaction(records, ops, poll_points=True)
         except ForcedRedelivery:
             raise
         except Exception as exc:
             if not self._survivable(exc, None, None, attempt):
                 raise
             return exc
-        for r, op in zip(records, ops, strict=True):
-            self._emit(Kind.DB_COMMIT, r, op)
         for r, op in zip(records, ops, strict=True):
             self._reach("after_db_commit", r, op)
         for ctx, r, op in zip(contexts, records, ops, strict=True):
@@ -514,8 +462,8 @@ class KafkaStageWorker:
         assert producer is not None
         if ctx.diverted is not None:
             self._to_dlt(r, op, ctx.diverted)
-        for body, topic, key in ctx.sent:
-            target = topic or self.spec.output_queue
+        for body, dest, key in ctx.sent:
+            target = dest or self.spec.output_queue
             if target is None:
                 raise HarnessError(f"stage {self.spec.stage} has no output topic", hint="pass topic= to ctx.send")
             out = key or op

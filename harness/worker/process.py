@@ -8,19 +8,17 @@ crash points like one. It calls ``ctx.ready()`` once it serves, which is what th
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.stack.base import Endpoints
+from harness.worker.base import WorkerRuntime, announce_ready, load_handler
 from harness.worker.crash import CrashPoints
 from harness.worker.spec import WorkerSpec
-from harness.worker.stage import load_handler
 
 
 @dataclass
@@ -51,22 +49,24 @@ class ProcessContext:
 
     def ready(self) -> None:
         """Tell the harness this process serves (the run starts once every worker is ready)."""
-        self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue)
-        (Path(self.spec.run_dir) / "workers" / f"{self.spec.name}.ready").touch()
+        announce_ready(self.spec, self.ledger)
 
 
 ProcessMain = Callable[[ProcessContext], None]
 
 
+class ProcessWorker(WorkerRuntime):
+    """Run the helper ``spec.handler`` once, with a ``ProcessContext``; it returns when stopped."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        # The user's module first: an import error must name it, not a missing stack file.
+        self.main: ProcessMain = load_handler(spec.handler)
+        super().__init__(spec)
+
+    def serve(self) -> None:
+        self.main(ProcessContext(self.spec, self.endpoints, self.ledger, self.crash, self.stop))
+
+
 def run_process(spec: WorkerSpec) -> None:
     """Run the helper ``spec.handler`` until SIGTERM."""
-    run_dir = Path(spec.run_dir)
-    ledger = LedgerWriter(run_dir / "ledger", spec.name)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    main: ProcessMain = load_handler(spec.handler)  # type: ignore[assignment]
-    main(
-        ProcessContext(
-            spec, Endpoints.load(Path(spec.endpoints_path)), ledger, CrashPoints(run_dir, spec.name, ledger), stopping
-        )
-    )
+    ProcessWorker(spec).run()

@@ -9,31 +9,26 @@ roll back and the message is NACKed (the broker redelivers or dead-letters it).
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import os
-import signal
-import threading
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.clients import db
 from harness.clients.activemq import Message, StompClient, dlq_name
-from harness.clients.db import Connection
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
-from harness.ledger.writer import LedgerWriter
-from harness.stack.base import Endpoints
-from harness.worker.crash import CrashPoints, ForcedRedelivery
+from harness.worker.base import ContextBase, WorkerRuntime, load_handler
+from harness.worker.crash import ForcedRedelivery
 from harness.worker.spec import WorkerSpec
+
+__all__ = ["Handler", "StageContext", "StageWorker", "load_handler"]
 
 
 @dataclass
-class StageContext:
+class StageContext(ContextBase):
     """What a stage handler gets: the message, the stage's DB connection and a way to send.
 
     ``db`` is inside the stage transaction; ``send`` joins the broker transaction, so both
@@ -42,82 +37,37 @@ class StageContext:
     an external call). ``dead_letter`` diverts the message to the dead-letter queue with an alert.
     """
 
-    op: str
-    body: dict[str, Any]
     message: Message
-    db: db.Connection
-    options: dict[str, Any]
-    worker: str
-    stage: str
-    _send: Callable[[dict[str, Any], str | None], None]
-    _record: Callable[..., None]
-    _crash: Callable[[str], None]
-    _side: Callable[[], Connection]
+    _send: Callable[[dict[str, Any], str | None, str | None], None]
     _dlq: str
     sent: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def side(self) -> Connection:
-        """The worker's autocommit connection, outside the stage transaction."""
-        return self._side()
-
     def dead_letter(self, reason: str) -> None:
         """Divert this message to the dead-letter queue (in the stage transaction) and alert."""
-        self._send({**self.body, "txchaos_reason": reason}, self._dlq)
+        self._send({**self.body, "txchaos_reason": reason}, self._dlq, None)
         self._record(Kind.ALERT, reason=reason)
 
-    def send(self, body: dict[str, Any], dest: str | None = None) -> None:
-        """Send ``body`` to ``dest`` (default: the stage's output queue) in the stage transaction."""
-        self._send(body, dest)
+    def send(self, body: dict[str, Any], dest: str | None = None, *, key: str | None = None) -> None:
+        """Send ``body`` to ``dest`` (default: the stage's output queue) in the stage transaction,
+        tagged with operation ``key`` (default: this message's)."""
+        self._send(body, dest, key)
         self.sent.append(body)
-
-    def record(self, kind: Kind, **detail: Any) -> None:
-        """Write a ledger event about this operation (EFFECT, SKIP, EXTERNAL_CALL ...)."""
-        self._record(kind, **detail)
-
-    def crash_point(self, name: str) -> None:
-        """Mark a pattern-specific crash point; the harness may kill the worker here."""
-        self._crash(name)
 
 
 Handler = Callable[[StageContext], None]
 
 
-def load_handler(path: str) -> Handler:
-    """Import ``module:function``."""
-    module, _, func = path.partition(":")
-    handler: Handler = getattr(importlib.import_module(module), func)
-    return handler
-
-
-class StageWorker:
+class StageWorker(WorkerRuntime):
     """Consume ``spec.input_queue`` and run the stage until SIGTERM."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        self.spec = spec
-        self.run_dir = Path(spec.run_dir)
-        self.endpoints = Endpoints.load(Path(spec.endpoints_path))
-        self.ledger = LedgerWriter(self.run_dir / "ledger", spec.name)
-        self.crash = CrashPoints(self.run_dir, spec.name, self.ledger)
-        self.handler = load_handler(spec.handler)
+        super().__init__(spec)
+        self.handler: Handler = load_handler(spec.handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
-        self._side_engine: db.Engine | None = None
-        self._side_conn: db.Connection | None = None
-        self.stop = threading.Event()
-        self.attempts: Counter[str] = Counter()
         self._sub = ""
 
-    def side(self) -> db.Connection:
-        if self._side_conn is None or self._side_conn.closed:
-            if self._side_engine is None:
-                self._side_engine = db.engine(self.endpoints.postgres_url, pool_size=1, autocommit=True)
-            self._side_conn = self._side_engine.connect()
-        return self._side_conn
-
-    def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+    def serve(self) -> None:
         ep = self.endpoints.stomp
-        started = False
         for n in itertools.count():  # one pass per connection: a forced disconnect opens a new one
             if self.stop.is_set():
                 break
@@ -127,10 +77,7 @@ class StageWorker:
             client_id = f"{self.spec.name}.{os.getpid()}.{n}"
             with StompClient(ep.host, ep.port, client_id=client_id) as client:
                 self._sub = client.subscribe(self.spec.input_queue)
-                if not started:
-                    self.ledger.emit(Kind.WORKER_START, stage=self.spec.stage, dest=self.spec.input_queue)
-                    (self.run_dir / "workers" / f"{self.spec.name}.ready").touch()
-                    started = True
+                self.ready()
                 while not self.stop.is_set():
                     msg = client.receive(0.2)
                     if msg is not None and not self.process(client, msg):
@@ -174,11 +121,11 @@ class StageWorker:
         )
         tx = client.begin()
 
-        def send(out: dict[str, Any], dest: str | None) -> None:
+        def send(out: dict[str, Any], dest: str | None, key: str | None) -> None:
             target = dest or self.spec.output_queue
             if target is None:
                 raise ValueError(f"stage {stage} has no output queue; pass dest=")
-            client.send(target, json.dumps(out), transaction=tx, headers={"txchaos-op": op})
+            client.send(target, json.dumps(out), transaction=tx, headers={"txchaos-op": key or op})
             emit(Kind.SEND, op=op, msg=mid, stage=stage, dest=target)
 
         try:
@@ -186,18 +133,18 @@ class StageWorker:
                 trans = conn.begin()
                 try:
                     ctx = StageContext(
-                        op,
-                        body,
-                        msg,
-                        conn,
-                        self.spec.options,
-                        self.spec.name,
-                        stage,
-                        send,
-                        lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
-                        reach,
-                        self.side,
-                        dlq_name(self.spec.input_queue),
+                        op=op,
+                        body=body,
+                        db=conn,
+                        options=self.spec.options,
+                        worker=self.spec.name,
+                        stage=stage,
+                        _record=lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
+                        _crash=reach,
+                        _side=self.side,
+                        message=msg,
+                        _send=send,
+                        _dlq=dlq_name(self.spec.input_queue),
                     )
                     self.handler(ctx)
                     reach("before_db_commit")
