@@ -37,7 +37,8 @@ _EXPORTS = {
     "Pause": "harness.faults",
     "KillBroker": "harness.faults",
     "active": "harness.faults",
-    "RunSession": "harness.run.runner",
+    "RunSession": "harness.run.session",
+    "Flow": "harness.run.registry",
     "stage_machine": "harness.machines.stage",
     "StageMachine": "harness.machines.stage",
     "profile": "harness.machines.profiles",
@@ -63,8 +64,8 @@ _EXPORTS = {
     "Helper": "harness.run.spec",
     "ProcessContext": "harness.worker.process",
     "ScenarioSpec": "harness.run.spec",
-    "RunResult": "harness.run.runner",
-    # The dispatcher, not the ActiveMQ runner: a Kafka, saga, CQRS or DTM spec runs as it says.
+    "RunResult": "harness.run.session",
+    # Every registered flow (harness.run.registry): a Kafka, saga, CQRS or DTM spec runs as it says.
     "run_scenario": "harness.run.dispatch:run_spec",
     "check_handlers": "harness.run.dispatch",
     "FaultWindow": "harness.run.spec",
@@ -86,6 +87,7 @@ __all__ = [
     "Endpoint",
     "Endpoints",
     "FaultWindow",
+    "Flow",
     "FlowContract",
     "HarnessError",
     "Helper",
@@ -152,8 +154,9 @@ if TYPE_CHECKING:
     from harness.patterns.saga_options import SagaOptions
     from harness.run.dispatch import check_handlers
     from harness.run.dispatch import run_spec as run_scenario
-    from harness.run.runner import RunResult, RunSession
+    from harness.run.registry import Flow
     from harness.run.schema import Schema
+    from harness.run.session import RunResult, RunSession
     from harness.run.spec import Crash, FaultWindow, Helper, ScenarioSpec, Stage
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider

@@ -12,29 +12,21 @@ How the books close into the ledger (contract: no downstream, ``per_key``):
   an event never applied is ``lost``;
 - every replica row is a ``residue_entity``, live or a tombstone marker.
 
-Quiescence, arms, faults, residue of the input topic, the verdict and healing are
-``KafkaRunSession``'s.
+Quiescence and residue of the input topic are ``KafkaRunSession``'s; the lifecycle is
+``RunSession``'s. The registry checks the contract (per key, no downstream) when the spec is made.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from sqlalchemy import text
 
 from harness.clients import db
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
-from harness.run.kafka_runner import KafkaRunSession, Progress, run_kafka_scenario
-from harness.run.runner import RunResult
-from harness.run.spec import ScenarioSpec
-from harness.stack.base import Endpoints
-
-
-def _quiet(_: str) -> None:
-    return None
+from harness.run.kafka_runner import KafkaRunSession
 
 
 class CqrsRunSession(KafkaRunSession):
@@ -46,17 +38,7 @@ class CqrsRunSession(KafkaRunSession):
     ...     result = run.close()
     """
 
-    def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-    ) -> None:
-        if spec.broker != "kafka_cqrs":
-            raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='kafka_cqrs'")
-        if not spec.contract.per_key or spec.contract.expects_downstream:
-            raise ConfigError(
-                f"{spec.label}: a CQRS replica's contract must judge per key and expect no downstream",
-                hint="set contract=FlowContract(expects_downstream=False, per_key=True)",
-            )
-        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
+    flow = "kafka_cqrs"
 
     def submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
@@ -64,23 +46,20 @@ class CqrsRunSession(KafkaRunSession):
             raise ConfigError(
                 "poison records in a CQRS run", hint="entity events have no poison flag: submit plain ones"
             )
-        producer = self._producer
-        if producer is None:
-            raise HarnessError("submit() to a run that is not open", hint="call open() first")
+        self.transport.producer()  # refuses a run that is not open
         new = []
-        for _ in range(count):
+        for op in self._mint(count):
             n = len(self.ops)
-            op = self.op_id(next(self._numbers))
             ev = entity_event(n)
             self.ledger.emit(
                 Kind.SUBMIT, op=op, dest=self.input_topic, key=ev.key, version=ev.version, tombstone=ev.tombstone
             )
             value = None if ev.tombstone else json.dumps({"op": op, "name": f"{ev.key} v{ev.version}"})
             headers = {"txchaos-op": op, VERSION_HEADER: str(ev.version)}
-            producer.produce(self.input_topic, value, key=ev.key, headers=headers)
+            self.transport.send(self.input_topic, value, key=ev.key, headers=headers)
             self.ops.append(op)
             new.append(op)
-        producer.flush()
+        self.transport.flush()
         self.folder.step(f"submit {count} entity event(s) to {self.input_topic}")
         self.progress(f"submitted {len(self.ops)} entity events")
         return new
@@ -98,10 +77,3 @@ class CqrsRunSession(KafkaRunSession):
         for key, version, deleted, op in rows:
             self.ledger.emit(Kind.RESIDUE_ENTITY, op=op, dest=REPLICA, key=key, version=int(version), deleted=deleted)
         self.folder.step(f"snapshot apply journal {JOURNAL} ({len(journal)} rows) and replica {REPLICA}")
-
-
-def run_cqrs_scenario(
-    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-) -> RunResult:
-    """Run ``spec`` (``broker="kafka_cqrs"``) as ``run_kafka_scenario`` does, with entity events."""
-    return run_kafka_scenario(spec, endpoints, runs_root=runs_root, progress=progress, session=CqrsRunSession)

@@ -14,7 +14,7 @@ HTTP; quiescence is every request answered and every prepared message decided by
 - a message DTM has not decided at quiescence is ``residue_queue`` (``stuck``);
 - a message prepared whose debit never committed and that nobody aborted is ``in-doubt``.
 
-Arms, faults, the verdict and healing are ``RunSession``'s.
+The lifecycle (arms, faults, the driver loop, the verdict and healing) is ``RunSession``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from harness.errors import ConfigError, HarnessError
 from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
-from harness.run.runner import Progress, RunResult, RunSession, begin_run, reset_state
+from harness.run.registry import dtm_holds
+from harness.run.session import Progress, RunSession, _quiet
 from harness.run.spec import ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
@@ -47,29 +48,24 @@ REQUEST_S = 15.0  # one transfer request: a held local transaction plus DTM roun
 CONNECT_FOR_S = 10.0  # a refused connection (the service restarting) is retried this long
 
 
-def _quiet(_: str) -> None:
-    return None
-
-
 class DtmRunSession(RunSession):
     """One DTM run, driven step by step.
 
-    >>> with DtmRunSession(spec, endpoints) as run:
+    >>> with RunSession(spec, endpoints) as run:
     ...     run.arm(Crash("after_local_commit", op_index=2))
     ...     run.submit(5)
     ...     result = run.close()
     """
 
+    flow = "dtm"
+
     def __init__(
         self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
     ) -> None:
-        if spec.broker != "dtm":
-            raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='dtm' or use RunSession")
-        if endpoints.dtm is None:
-            raise ConfigError("this stack has no DTM server", hint="start a new stack: `txchaos down && txchaos up`")
         # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's
         # loopback (the docker provider with host networking, docs/docker.md).
         super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
+        assert endpoints.dtm is not None  # _check refused a stack without DTM
         self.service_port = free_ports(1).pop()
         self.tag = secrets.token_hex(4)
         self.dtm = DtmClient(endpoints.dtm.host, endpoints.dtm.port, timeout=3.0)
@@ -79,53 +75,35 @@ class DtmRunSession(RunSession):
         # (debited, credited) when the books closed: what conservation of money is checked on.
         self.books: tuple[int, int] | None = None
 
-    # -- lifecycle -----------------------------------------------------------------------------
-    def open(self) -> DtmRunSession:
-        """Reset the stack's state for this run and start the service and the branch."""
-        spec, ep, folder = self.spec, self.endpoints, self.folder
-        self._started = time.monotonic()
-        begin_run(spec, ep, folder, self.ledger)
-        try:
-            self._engine = reset_state(spec, ep, folder)
-            self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
-            self._pool.start()
-            checkback = spec.options.get("checkback", "barrier")
-            folder.step(f"start {SERVICE} ({spec.handler}, check-back {checkback}) on port {self.service_port}")
-            for helper in spec.helpers:
-                port = self.helper_ports[helper.name]
-                folder.step(f"start {helper.name} ({helper.handler}, {helper.options}) on port {port}")
-        except BaseException:
-            self._heal()
-            raise
-        return self
+    # -- hooks ---------------------------------------------------------------------------------
+    def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        if endpoints.dtm is None:
+            raise ConfigError("this stack has no DTM server", hint="start a new stack: `txchaos down && txchaos up`")
 
-    def close(self) -> RunResult:
-        """Wait for quiescence, close the books and return the verdict; heals in any case."""
-        if self._result is not None:
-            return self._result
-        if self._pool is None or self._engine is None:
-            raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
-        try:
-            self._await_decided(self._pool)
-            self._pool.stop()
-            self._pool = None
-            self._snapshot_books(self._engine)
-            self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
-        finally:
-            self._heal()
-        self._result = self._verdict()
-        return self._result
+    def _announce_workers(self) -> None:
+        spec, folder = self.spec, self.folder
+        checkback = spec.options.get("checkback", "barrier")
+        folder.step(f"start {SERVICE} ({spec.handler}, check-back {checkback}) on port {self.service_port}")
+        for helper in spec.helpers:
+            port = self.helper_ports[helper.name]
+            folder.step(f"start {helper.name} ({helper.handler}, {helper.options}) on port {port}")
 
-    def _heal(self) -> None:
+    def _release(self) -> None:
         self._requests.shutdown(wait=False, cancel_futures=True)
-        super()._heal()
 
-    def __enter__(self) -> DtmRunSession:
-        return self.open()
+    def _await_quiescence(self, pool: WorkerPool) -> None:
+        self._await_decided(pool)
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._heal()
+    def _close_books(self, engine: db.Engine) -> None:
+        self._snapshot_books(engine)
+
+    def _alone(self) -> set[int]:
+        # A killed process takes every request in flight with it, and the scenario's expectation
+        # is about the one operation a crash arm or a held commit names: it runs alone.
+        return {c.op_index for c in self.spec.crashes if c.op_index is not None} | dtm_holds(self.spec.options)[0]
+
+    def wait_idle(self) -> None:
+        self.wait_decided()
 
     # -- acting while the flow runs ------------------------------------------------------------
     def submit(self, count: int, *, poison: bool = False, hold_s: float | None = None) -> list[str]:
@@ -136,8 +114,8 @@ class DtmRunSession(RunSession):
         """
         if poison:
             raise ConfigError("a DTM transfer has no poison form", hint="submit plain transfers")
-        slow, default_hold, busy = _holds(self.spec)
-        new = [self.op_id(n) for n in range(len(self.ops), len(self.ops) + count)]
+        slow, default_hold, busy = dtm_holds(self.spec.options)
+        new = self._mint(count)
         held = 0.0
         for op in new:
             n = len(self.ops)
@@ -178,28 +156,16 @@ class DtmRunSession(RunSession):
 
     def money(self) -> tuple[int, int]:
         """Return (debited, credited): the sums of the committed debits and credits now."""
-        if self._engine is None:
-            raise HarnessError("money() of a run that is not open", hint="call open() first")
-        return money(self._engine)
+        return money(self.engine("money"))
 
     # -- phases --------------------------------------------------------------------------------
     def _worker_specs(self) -> list[WorkerSpec]:
         spec = self.spec
-        endpoints_path = self.folder.path / "endpoints.json"
-        endpoints_path.write_text(self.endpoints.to_json())
         urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in self.helper_ports.items()}
 
         def process(name: str, handler: str, options: dict[str, object]) -> WorkerSpec:
-            return WorkerSpec(
-                name=name,
-                run_dir=str(self.folder.path),
-                endpoints_path=str(endpoints_path),
-                handler=handler,
-                stage=name,
-                input_queue=f"dtm:{name}",
-                output_queue=None,
-                options=options,
-                kind="process",
+            return self._worker(
+                name, handler, input_queue=f"dtm:{name}", output_queue=None, options=options, kind="process"
             )
 
         service_opts = {**urls, **spec.options, "port": self.service_port, "gid_tag": self.tag}
@@ -239,9 +205,8 @@ class DtmRunSession(RunSession):
         deadline = time.monotonic() + self.spec.timeout_s
         self._undecided = self.wait_decided()
         pool.wait_serving(deadline)
-        time.sleep(self.spec.settle_s)  # a branch retry already sent lands before the books close
         decided = len(self.ops) - len(self._undecided)
-        self.folder.step(f"quiescence after {decided}/{len(self.ops)} decided by DTM; {pool.restarts} restart(s)")
+        self._quiescent(lambda: decided, "decided by DTM", pool)  # a branch retry already sent lands first
         if self._undecided:
             self.progress(f"timeout: {len(self._undecided)} message(s) DTM has not decided")
 
@@ -257,46 +222,3 @@ class DtmRunSession(RunSession):
             self.ledger.emit(Kind.SUBMIT, op=op, msg=self.gid(op), dest="dtm", by="snapshot")
         debited, credited = self.books = money(engine)
         self.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
-
-
-def _holds(spec: ScenarioSpec) -> tuple[set[int], float, float]:
-    """Return the held operation numbers, how long they are held at most, and every other
-    transaction's duration (``options["local_tx_s"]``: keeps transfers in flight under a fault)."""
-    numbers = spec.options.get("slow_commits", [])
-    hold, busy = spec.options.get("hold_s", 6.0), spec.options.get("local_tx_s", 0.0)
-    if not isinstance(numbers, list | tuple) or not isinstance(hold, int | float) or not isinstance(busy, int | float):
-        raise ConfigError(
-            f"slow_commits={numbers!r}, hold_s={hold!r}, local_tx_s={busy!r}",
-            hint="give slow_commits as a list of operation numbers, hold_s and local_tx_s in seconds",
-        )
-    return {int(n) for n in numbers}, float(hold), float(busy)
-
-
-def run_dtm_scenario(
-    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-) -> RunResult:
-    """Run ``spec`` (``broker="dtm"``) against ``endpoints`` and return the result.
-
-    Transfers run four at a time, but one a crash arm or a held commit names runs alone (the
-    flow quiet before and after it): a killed process takes every request in flight with it,
-    and the scenario's expectation is about that one operation.
-    """
-    alone = {c.op_index for c in spec.crashes if c.op_index is not None} | _holds(spec)[0]
-    with DtmRunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
-
-        def submit_up_to(count: int) -> None:
-            while len(run.ops) < count:
-                if len(run.ops) in alone:
-                    run.wait_decided()
-                    run.submit(1)
-                    run.wait_decided()
-                else:
-                    run.submit(1)
-
-        for crash in spec.crashes:
-            run.arm(crash)
-        for window in sorted(spec.faults, key=lambda w: w.after_ops):
-            submit_up_to(window.after_ops)
-            run.hold_fault(window)
-        submit_up_to(spec.messages)
-        return run.close()

@@ -19,7 +19,8 @@ names saga anomalies with saga and step ids:
   its participant's committed offset is ``residue_queue``; a request in a ``-dlt`` topic is a
   ``dead_letter`` (with its effect applied: ``dead-lettered-with-effect``).
 
-Arms, faults, the verdict and healing are ``RunSession``'s.
+The lifecycle (arms, faults, the driver loop, the verdict and healing) is ``RunSession``'s; a
+saga a crash names starts alone (``_alone``), the sagas before it final.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from pathlib import Path
 from sqlalchemy import text
 
 from harness.clients import db, kafka
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
 from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, SEAT, SagaOptions, first_step_of, step_op
-from harness.run.runner import Progress, RunResult, RunSession, begin_run, reset_state
+from harness.run.session import Progress, RunSession, _quiet
 from harness.run.spec import Crash, ScenarioSpec
 from harness.run.supervisor import WorkerPool
+from harness.run.transports.kafka import KafkaTransport
 from harness.stack.base import Endpoints
-from harness.worker.crash import CrashArm
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
@@ -54,100 +55,54 @@ IDLE_READ_S = 1.0  # how long a probe waits for a record the orchestrator has st
 MARKER_GRACE_S = 0.3  # a dead-letter partition read up to one before its end: the end is a marker
 
 
-def _quiet(_: str) -> None:
-    return None
-
-
 class SagaRunSession(RunSession):
-    """One saga run, driven step by step.
+    """One saga run, driven step by step (build it as ``RunSession(spec, endpoints)``).
 
-    >>> with SagaRunSession(spec, endpoints) as run:
+    >>> with RunSession(spec, endpoints) as run:
     ...     run.arm(Crash("after_db_commit", op_index=2, worker="payment"))
     ...     run.submit(5)
     ...     result = run.close()
     """
 
+    flow = "kafka_saga"
+
     def __init__(
         self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
     ) -> None:
-        if spec.broker != "kafka_saga":
-            raise ConfigError(f"{spec.label} runs on {spec.broker}", hint="set broker='kafka_saga' or use RunSession")
         super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
         self.saga = SagaOptions.from_options(spec.options)
         self.kopts = KafkaStageOptions.from_options(spec.options)
         self.bootstrap = endpoints.kafka.address
-        ns = f"txchaos.{self.folder.run_id}"
+        ns = self.ns
         self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
         self.groups = {p: f"{ns}.{p}" for p in (ORCHESTRATOR, PAYMENT, SEAT)}
         self.requests = {PAYMENT: self.payment_topic, SEAT: self.seat_topic}
-        self._topics: list[str] = []
-        self._kafka: kafka.OutputProducer | None = None
+        self.transport = KafkaTransport(self.bootstrap, self.folder, partitions=self.kopts.partitions)
         self.refused: set[str] = set()
         self.flaky: set[str] = set()
 
-    # -- lifecycle -----------------------------------------------------------------------------
-    def open(self) -> SagaRunSession:
-        """Reset the stack's state for this run, create its topics and start the three processes."""
-        spec, ep, folder = self.spec, self.endpoints, self.folder
-        self._started = time.monotonic()
-        begin_run(spec, ep, folder, self.ledger)
-        try:
-            self._engine = reset_state(spec, ep, folder)
-            base = [self.inbox, self.payment_topic, self.seat_topic]
-            self._topics = [*base, *(kafka.dlt_name(t) for t in base)]
-            kafka.create_topics(self.bootstrap, self._topics, partitions=self.kopts.partitions)
-            folder.step(f"create topics {', '.join(self._topics)} ({self.kopts.partitions} partition(s))")
-            self._kafka = kafka.OutputProducer(self.bootstrap, client_id=f"txchaos-driver-{folder.run_id}")
-            self._pool = WorkerPool(self._worker_specs(), folder.path, self.ledger)
-            self._pool.start()
-            s = self.saga
-            folder.step(
-                f"start orchestrator (dead-letter replies: {s.dlt_replies}, re-send: {s.resend}), payment and seat "
-                f"(participant {s.participant}, reply {s.reply})"
-            )
-        except BaseException:
-            self._heal()
-            raise
-        return self
+    # -- hooks ---------------------------------------------------------------------------------
+    def _provision(self) -> None:
+        base = [self.inbox, self.payment_topic, self.seat_topic]
+        self.transport.create([*base, *(kafka.dlt_name(t) for t in base)])
 
-    def close(self) -> RunResult:
-        """Wait for quiescence, close the books and return the verdict; heals in any case."""
-        if self._result is not None:
-            return self._result
-        if self._pool is None or self._engine is None:
-            raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
-        try:
-            self._await_quiescence_saga(self._pool, self._engine)
-            self._pool.stop()
-            self._pool = None
-            self._close_books(self._engine)
-            self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
-        finally:
-            self._heal()
-        self._result = self._verdict()
-        return self._result
+    def _announce_workers(self) -> None:
+        s = self.saga
+        self.folder.step(
+            f"start orchestrator (dead-letter replies: {s.dlt_replies}, re-send: {s.resend}), payment and seat "
+            f"(participant {s.participant}, reply {s.reply})"
+        )
 
-    def _heal(self) -> None:
-        if self._kafka is not None:
-            self._kafka.close()
-            self._kafka = None
-        if self._topics:
-            topics, self._topics = self._topics, []
-            try:
-                if self._pool is not None:
-                    self._pool.stop()
-                    self._pool = None
-                kafka.delete_topics(self.bootstrap, topics)
-            except HarnessError as exc:  # the ledger holds the run; a leftover topic harms nothing
-                self.folder.step(f"could not delete the run's topics: {exc}")
-        super()._heal()
+    def _release(self) -> None:
+        self.transport.release()
 
-    def __enter__(self) -> SagaRunSession:
-        return self.open()
+    def _alone(self) -> set[int]:
+        # A saga a crash names starts alone, the flow quiet before and after it: the scenario's
+        # expectation is about that saga.
+        return {c.op_index for c in self.spec.crashes if c.op_index is not None}
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None or self._kafka is not None:
-            self._heal()
+    def wait_idle(self) -> None:
+        self.wait_final()
 
     # -- acting while the flow runs ------------------------------------------------------------
     def submit(self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0) -> list[str]:
@@ -160,9 +115,8 @@ class SagaRunSession(RunSession):
         """
         if poison:
             raise ConfigError("a saga start has no poison form", hint="submit(refuse=True) or fail_times=")
-        if self._kafka is None:
-            raise HarnessError("submit() to a run that is not open", hint="call open() first")
-        new = [self.op_id(next(self._numbers)) for _ in range(count)]
+        self.transport.producer()  # refuses a run that is not open
+        new = self._mint(count)
         for op in new:
             n = len(self.ops)
             no = refuse or n in self.saga.refuse_seat
@@ -174,9 +128,9 @@ class SagaRunSession(RunSession):
             if fails:
                 self.flaky.add(op)
             self.ledger.emit(Kind.SUBMIT, op=op, dest=self.inbox, refuse=body["refuse"], fail_times=fails)
-            self._kafka.produce(self.inbox, json.dumps(body), key=op, headers={"txchaos-op": op})
+            self.transport.send(self.inbox, json.dumps(body), key=op, headers={"txchaos-op": op})
             self.ops.append(op)
-        self._kafka.flush()
+        self.transport.flush()
         self.folder.step(
             f"start {count} saga(s)"
             + (", seat refused" if refuse else "")
@@ -185,48 +139,32 @@ class SagaRunSession(RunSession):
         self.progress(f"started {len(self.ops)} sagas")
         return new
 
-    def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
-        """Arm ``crash`` in its process; ``op_index`` names a saga, whose step in that process is armed."""
-        if op is None and crash.op_index is not None:
-            saga = self.op_id(crash.op_index)
-            step = first_step_of(crash.worker or ORCHESTRATOR)
-            op = step_op(saga, step) if step else saga
-        return super().arm(crash, op=op)
+    def _arm_op(self, crash: Crash) -> str | None:
+        """Return the operation ``crash`` names: ``op_index`` is a saga, whose step in the crash's process is armed."""
+        if crash.op_index is None:
+            return None
+        saga = self.op_id(crash.op_index)
+        step = first_step_of(crash.worker or ORCHESTRATOR)
+        return step_op(saga, step) if step else saga
 
     def states(self) -> dict[str, str]:
         """Return saga id -> state, now."""
-        if self._engine is None:
-            raise HarnessError("states() of a run that is not open", hint="call open() first")
-        with self._engine.connect() as conn:
+        with self.engine("states").connect() as conn:
             return {str(s): str(st) for s, st in conn.execute(text("SELECT saga_id, state FROM sagas"))}
 
     def duplicate_effects(self) -> list[str]:
         """Return the step operations applied more than once right now."""
-        if self._engine is None:
-            raise HarnessError("duplicate_effects() of a run that is not open", hint="call open() first")
-        return sorted(
-            {op for t in set(EFFECT_TABLES.values()) for op in db.duplicated_values(self._engine, t, "op_id")}
-        )
+        engine = self.engine("duplicate_effects")
+        return sorted({op for t in set(EFFECT_TABLES.values()) for op in db.duplicated_values(engine, t, "op_id")})
 
     # -- phases --------------------------------------------------------------------------------
     def _worker_specs(self) -> list[WorkerSpec]:
         spec, s = self.spec, self.saga
-        endpoints_path = self.folder.path / "endpoints.json"
-        endpoints_path.write_text(self.endpoints.to_json())
         common = {k: v for k, v in spec.options.items() if k != "commit"}
 
         def stage(name: str, handler: str, topic: str, output: str | None, **options: object) -> WorkerSpec:
-            return WorkerSpec(
-                name=name,
-                run_dir=str(self.folder.path),
-                endpoints_path=str(endpoints_path),
-                handler=handler,
-                stage=name,
-                input_queue=topic,
-                output_queue=output,
-                options={**common, "group": self.groups[name], **options},
-                kind="kafka",
-            )
+            opts = {**common, "group": self.groups[name], **options}
+            return self._worker(name, handler, input_queue=topic, output_queue=output, options=opts, kind="kafka")
 
         dlts = [kafka.dlt_name(self.payment_topic), kafka.dlt_name(self.seat_topic)] if s.dlt_replies else []
         participant = PARTICIPANT_HANDLERS[s.participant]
@@ -309,7 +247,7 @@ class SagaRunSession(RunSession):
                 return pending
             time.sleep(POLL_S)
 
-    def _await_quiescence_saga(self, pool: WorkerPool, engine: db.Engine) -> None:
+    def _await_quiescence(self, pool: WorkerPool) -> None:
         deadline = time.monotonic() + self.spec.timeout_s
         pending = self.wait_final()
         # A participant killed after its reply and before its offset commit gets the request
@@ -317,9 +255,8 @@ class SagaRunSession(RunSession):
         pool.wait_serving(deadline)
         while time.monotonic() < deadline and not self.caught_up():
             time.sleep(0.1)
-        time.sleep(self.spec.settle_s)
         final = len(self.ops) - len(pending)
-        self.folder.step(f"quiescence after {final}/{len(self.ops)} sagas final; {pool.restarts} restart(s)")
+        self._quiescent(lambda: final, "sagas final", pool)
         if pending:
             self.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
 
@@ -396,29 +333,3 @@ def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[ka
     finally:
         reader.close()
     return out
-
-
-def run_saga_scenario(
-    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-) -> RunResult:
-    """Run ``spec`` (``broker="kafka_saga"``) against ``endpoints`` and return the result.
-
-    Sagas start one at a time when a crash names one (the flow quiet before and after it: the
-    scenario's expectation is about that saga), otherwise all at once.
-    """
-    alone = {c.op_index for c in spec.crashes if c.op_index is not None}
-    with SagaRunSession(spec, endpoints, runs_root=runs_root, progress=progress) as run:
-        for crash in spec.crashes:
-            run.arm(crash)
-        for window in sorted(spec.faults, key=lambda w: w.after_ops):
-            while len(run.ops) < window.after_ops:
-                run.submit(1)
-            run.hold_fault(window)
-        while len(run.ops) < spec.messages:
-            if len(run.ops) in alone:
-                run.wait_final()
-                run.submit(1)
-                run.wait_final()
-            else:
-                run.submit(1)
-        return run.close()

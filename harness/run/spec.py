@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.errors import ConfigError
-from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
-from harness.patterns.saga_options import SagaOptions
 from harness.run.checks import (
     check_handler,
     check_identifier,
@@ -16,10 +14,9 @@ from harness.run.checks import (
     check_options,
     check_seconds,
 )
+from harness.run.registry import Flow, flow_named
 from harness.run.schema import Schema
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
-from harness.worker.crash import ACTIONS, STAGE_POINTS
-from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 
 
 @dataclass(frozen=True)
@@ -171,14 +168,12 @@ class ScenarioSpec:
     outbox_table: str | None = None
     # Faults applied while the flow runs, in order of after_ops.
     faults: tuple[FaultWindow, ...] = ()
-    # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides STAGE_POINTS.
+    # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides the flow's.
     points: tuple[str, ...] = ()
-    # The broker the flow runs on: "activemq" (harness.run.runner) or "kafka" (harness.run.kafka_runner,
-    # whose crash points are KAFKA_POINTS and whose options include KafkaStageOptions) or "dtm"
-    # (harness.run.dtm_runner: a 2-phase message transfer; its crash points are only ``points``) or
-    # "kafka_saga" (harness.run.saga_runner: an orchestrator and two participants, each a Kafka
-    # stage; options include SagaOptions; a crash names its process in ``worker``) or "kafka_cqrs"
-    # (harness.run.cqrs_runner: entity events keyed by aggregate id into one Kafka replica stage).
+    # The registered flow that runs the spec (harness.run.registry): "activemq" (a chain of queue
+    # stages), "kafka" (a consumer group; options include KafkaStageOptions), "kafka_saga" (options
+    # include SagaOptions; a crash names its process in ``worker``), "kafka_cqrs" (entity events
+    # into a replica) or "dtm" (a 2-phase message transfer; its crash points are only ``points``).
     broker: str = "activemq"
 
     def __post_init__(self) -> None:
@@ -201,42 +196,8 @@ class ScenarioSpec:
                 f"poison operation number(s) {bad} but the scenario sends {self.messages} messages",
                 hint=f"choose poison numbers from 0 to {self.messages - 1}",
             )
-        if self.broker not in ("activemq", "kafka", "dtm", "kafka_saga", "kafka_cqrs"):
-            raise ConfigError(
-                f"unknown broker {self.broker!r}",
-                hint="use 'activemq' or 'kafka' (queues, topics), 'dtm' (2-phase messages), 'kafka_saga' or "
-                "'kafka_cqrs' (entity events)",
-            )
-        if self.broker == "dtm" and (self.chain or self.outbox_table or self.poison or self.workers != 1):
-            raise ConfigError(
-                "a DTM scenario with chain, outbox_table, poison or several workers",
-                hint="the DTM run has one service and its helpers (the branch): leave those out",
-            )
-        kafka = self.broker in ("kafka", "kafka_saga", "kafka_cqrs")
-        if self.broker == "kafka_saga":
-            SagaOptions.from_options(self.options)
-            for crash in self.crashes:
-                if crash.worker not in SAGA_PROCESSES:
-                    raise ConfigError(
-                        f"saga crash at {crash.point} names process {crash.worker!r}",
-                        hint=f"set Crash(worker=...) to one of {', '.join(SAGA_PROCESSES)}",
-                    )
-        if kafka:
-            KafkaStageOptions.from_options(self.options)
-            if self.chain or self.helpers or self.outbox_table:
-                raise ConfigError(
-                    "a Kafka scenario with chain, helpers or outbox_table",
-                    hint="the Kafka run has one consumer stage so far: leave those out",
-                )
-        actions = KAFKA_ACTIONS if kafka else ("kill",) if self.broker == "dtm" else ACTIONS
-        base = KAFKA_POINTS if kafka else () if self.broker == "dtm" else STAGE_POINTS
-        points = (*base, *self.points)
+        flow_named(self.broker).check(self)  # its fields, options, crash points and actions
         for crash in self.crashes:
-            if crash.action not in actions:
-                raise ConfigError(f"unknown crash action {crash.action!r}", hint=f"use one of {', '.join(actions)}")
-            if crash.point not in points:
-                known = ", ".join(points)
-                raise ConfigError(f"unknown crash point {crash.point!r}", hint=f"use one of {known}")
             if crash.op_index is None and crash.nth is None:
                 raise ConfigError(
                     f"crash at {crash.point} names no message",
@@ -292,6 +253,11 @@ class ScenarioSpec:
         if self.outbox_table is not None:
             requires += [("outbox_table", self.outbox_table, "op_id"), ("outbox_table", self.outbox_table, "sent_at")]
         object.__setattr__(self, "schema", Schema.of(self.schema).requiring(*requires))
+
+    @property
+    def flow(self) -> Flow:
+        """Return the registered flow this spec runs on (its ``broker``)."""
+        return flow_named(self.broker)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,366 @@
+"""The run lifecycle, written once: ``RunSession``.
+
+A run is ``open`` (handlers checked, folder and ledger, schema reset, the flow's destinations
+provisioned, workers started) -> ``arm`` / ``submit`` / ``hold_fault`` as often as wanted ->
+``close`` (quiescence, stop workers, close the books into the ledger, mark the folder complete,
+verdict). Healing (stop workers, release the flow's clients and destinations, copy logs, write
+the manifest) runs in ``finally`` and at most once, so a Ctrl-C or SIGTERM (raised as a
+KeyboardInterrupt) never loses what the ledger holds. ``drive`` is the one driver loop: arm,
+submit up to each fault window, hold it, submit the rest.
+
+A flow (``harness.run.registry``) supplies a subclass with small hooks: ``_provision``,
+``_worker_specs``, ``submit``, ``_await_quiescence``, ``_close_books`` and ``_release``.
+``RunSession(spec, endpoints)`` builds the session of the spec's flow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from harness.clients import db
+from harness.clients.toxiproxy import ToxiproxyAdmin
+from harness.errors import ConfigError, HarnessError
+from harness.faults.base import active
+from harness.ledger.reader import compact
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.run.folder import RunFolder
+from harness.run.handlers import check_handlers
+from harness.run.schema import Schema
+from harness.run.spec import Crash, FaultWindow, ScenarioSpec
+from harness.run.supervisor import WorkerPool
+from harness.stack.base import Endpoints
+from harness.stack.procs import free_ports
+from harness.verify.checker import check_run
+from harness.verify.verdict import Verdict
+from harness.worker.crash import CrashArm, write_arms
+from harness.worker.spec import WorkerSpec
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its folder and verdict, and whether the verdict is what the spec expects."""
+
+    run_dir: Path
+    verdict: Verdict
+    spec: ScenarioSpec
+
+    @property
+    def as_expected(self) -> bool:
+        return set(self.verdict.found()) == set(self.spec.expect)
+
+
+def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
+    """Open the run's folder and ledger: manifest, run_start event, no crash armed."""
+    folder.start(spec, endpoints)
+    ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
+    write_arms(folder.path, [])
+
+
+def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> db.Engine:
+    """Give the run a clean stack: its schema applied, every table empty, no toxic left."""
+    engine = db.engine(endpoints.postgres_url)
+    db.apply_schema(engine, spec.schema)
+    db.truncate_all(engine)
+    ToxiproxyAdmin(endpoints.toxiproxy_api).reset()
+    folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+    return engine
+
+
+class RunSession:
+    """One run, driven step by step; ``RunSession(spec, endpoints)`` is the session of the spec's flow.
+
+    >>> with RunSession(spec, endpoints) as run:
+    ...     ops = run.submit(5)
+    ...     run.arm(Crash("after_db_commit", op_index=2))
+    ...     result = run.close()
+    """
+
+    flow: ClassVar[str] = ""  # the registered flow this session runs (``spec.broker``)
+    # drive() submits the operations before the first fault window before the workers join.
+    late_workers: ClassVar[bool] = False
+
+    def __new__(cls, spec: ScenarioSpec, endpoints: Endpoints, **_: Any) -> RunSession:
+        if cls is RunSession:
+            from harness.run.registry import session_class  # the registry names every session class
+
+            cls = session_class(spec)
+        return object.__new__(cls)
+
+    def __init__(
+        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+    ) -> None:
+        if not isinstance(spec, ScenarioSpec):
+            raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
+        if spec.broker != self.flow:
+            raise ConfigError(
+                f"{spec.label} runs on {spec.broker}, not {self.flow}",
+                hint="build the session with RunSession(spec, endpoints): it picks the flow's session",
+            )
+        self._check(spec, endpoints)
+        # Before the folder exists: a handler that does not import fails naming itself, not as
+        # "worker-0 keeps dying before it subscribes", and leaves no half-made run behind.
+        check_handlers(spec)
+        Schema.of(spec.schema).check()
+        self.spec = spec
+        self.endpoints = endpoints
+        self.progress = progress
+        self.folder = RunFolder.create(spec.name, spec.variant, spec.seed, runs_root)
+        self.ledger = LedgerWriter(self.folder.path / "ledger", "driver")
+        self.ns = f"txchaos.{self.folder.run_id}"
+        ports = free_ports(sum(h.port for h in spec.helpers))
+        self.helper_ports = {h.name: ports.pop() for h in spec.helpers if h.port}
+        self.ops: list[str] = []
+        self.arms: list[CrashArm] = []
+        self._numbers = itertools.count()
+        self._engine: db.Engine | None = None
+        self._pool: WorkerPool | None = None
+        self._live = False
+        self._started = 0.0
+        self._result: RunResult | None = None
+
+    # -- hooks a flow's session supplies -------------------------------------------------------
+    def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        """Refuse a spec or stack this session cannot run (before anything starts)."""
+
+    def _provision(self) -> None:
+        """Create the run's destinations, sink and producer (after the reset, before the workers)."""
+
+    def _worker_specs(self) -> list[WorkerSpec]:
+        raise NotImplementedError
+
+    def _announce_workers(self) -> None:
+        """Write the folder steps that say which processes started."""
+
+    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+        raise NotImplementedError
+
+    def _await_quiescence(self, pool: WorkerPool) -> None:
+        raise NotImplementedError
+
+    def _close_books(self, engine: db.Engine) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Close the flow's clients, stop its sink and delete its destinations (healing; once)."""
+
+    def _alone(self) -> set[int]:
+        """Return the operation numbers drive() submits alone, the flow idle before and after."""
+        return set()
+
+    def wait_idle(self) -> None:
+        """Wait until the operations so far are done (drive() calls it around one submitted alone)."""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def open(self, *, start_workers: bool = True) -> Self:
+        """Reset the stack's state for this run, provision the flow and start its workers."""
+        spec, ep, folder = self.spec, self.endpoints, self.folder
+        self._started = time.monotonic()
+        self._live = True
+        begin_run(spec, ep, folder, self.ledger)
+        try:
+            self._engine = reset_state(spec, ep, folder)
+            (folder.path / "endpoints.json").write_text(ep.to_json())
+            self._provision()
+            if start_workers:
+                self.start_workers()
+        except BaseException:
+            self._heal()
+            raise
+        return self
+
+    def start_workers(self) -> None:
+        """Start the flow's worker processes (once)."""
+        if self._pool is not None:
+            return
+        self._pool = WorkerPool(self._worker_specs(), self.folder.path, self.ledger)
+        self._pool.start()
+        self._announce_workers()
+
+    def close(self) -> RunResult:
+        """Wait for quiescence, close the books and return the verdict; heals in any case."""
+        if self._result is not None:
+            return self._result
+        if self._engine is None:
+            raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
+        try:
+            self.start_workers()
+            assert self._pool is not None
+            self._await_quiescence(self._pool)
+            self._pool.stop()
+            self._pool = None
+            self._close_books(self._engine)
+            self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
+        finally:
+            self._heal()
+        self._result = self._verdict()
+        return self._result
+
+    def _heal(self) -> None:
+        if not self._live:
+            return
+        self._live = False
+        try:
+            if self._pool is not None:
+                self._pool.stop()
+                self._pool = None
+            self._release()
+        finally:
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
+            took = round(time.monotonic() - self._started, 3)
+            self.ledger.emit(Kind.RUN_END, took_s=took)
+            self.folder.finish(self.endpoints, took_s=took)
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self._heal()
+
+    def drive(self) -> RunResult:
+        """Run the spec: arm its crashes, submit up to each fault window and hold it, submit the rest."""
+        spec = self.spec
+        windows = sorted(spec.faults, key=lambda w: w.after_ops)
+        self.open(start_workers=not self.late_workers)
+        try:
+            for crash in spec.crashes:
+                self.arm(crash)
+            if self.late_workers:
+                # A backlog before the group joins: its polled batches are the same on every run of a seed.
+                self.submit_up_to(min([w.after_ops for w in windows] or [spec.messages]))
+                self.start_workers()
+            for window in windows:
+                self.submit_up_to(window.after_ops)
+                self.hold_fault(window)
+            self.submit_up_to(spec.messages)
+            return self.close()
+        finally:
+            self._heal()
+
+    # -- acting while the flow runs ------------------------------------------------------------
+    def submit_up_to(self, count: int) -> None:
+        """Submit operations until ``count`` are out; one ``_alone`` names goes alone between waits."""
+        alone = self._alone()
+        while len(self.ops) < count:
+            n = len(self.ops)
+            if n in alone:
+                self.wait_idle()
+                self.submit(1)
+                self.wait_idle()
+            else:
+                self.submit(min([a for a in alone if n < a < count] or [count]) - n)
+
+    def _mint(self, count: int) -> list[str]:
+        return [self.op_id(next(self._numbers)) for _ in range(count)]
+
+    def _arm_op(self, crash: Crash) -> str | None:
+        """Return the operation ``crash`` names (None: the nth hit of its point)."""
+        return None if crash.op_index is None else self.op_id(crash.op_index)
+
+    def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
+        """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
+        if op is None:
+            op = self._arm_op(crash)
+        arm = CrashArm(
+            id=f"arm-{len(self.arms)}",
+            point=crash.point,
+            op=op,
+            nth=crash.nth,
+            action=crash.action,
+            worker=crash.worker,
+        )
+        self.arms.append(arm)
+        write_arms(self.folder.path, self.arms)
+        on = f"op {op}" if op else f"hit #{crash.nth}"
+        who = f" in {crash.worker}" if crash.worker else ""
+        self.folder.step(f"arm {crash.action} at {crash.point} on {on}{who}")
+        return arm
+
+    def hold_fault(self, window: FaultWindow) -> None:
+        """Apply ``window``'s fault, let the flow run under it for ``hold_s``, then heal it."""
+        fault: Any = window.fault
+        bound = fault.on(self.endpoints) if window.target is None else fault.on(window.target, self.endpoints)
+        self.folder.step(f"fault {window.describe()}")
+        with active(bound, self.ledger):
+            time.sleep(window.hold_s)
+        self.progress(f"healed {bound.name}")
+
+    def op_id(self, n: int) -> str:
+        """Return the id of the run's operation number ``n`` (deterministic, so a seed replays)."""
+        return f"{self.spec.variant}-s{self.spec.seed}-op{n:05d}"
+
+    def engine(self, what: str) -> db.Engine:
+        """Return the run's database engine; ``what`` names the call refused when the run is not open."""
+        if self._engine is None:
+            raise HarnessError(f"{what}() of a run that is not open", hint="call open() first")
+        return self._engine
+
+    def duplicate_effects(self) -> list[str]:
+        """Return the operation ids whose effect is applied more than once right now."""
+        engine = self.engine("duplicate_effects")
+        return db.duplicated_values(engine, self.spec.effect_table, self.spec.effect_column)
+
+    @property
+    def restarts(self) -> int:
+        return self._pool.restarts if self._pool else 0
+
+    # -- shared by the flows -------------------------------------------------------------------
+    def _worker(
+        self,
+        name: str,
+        handler: str,
+        *,
+        stage: str | None = None,
+        input_queue: str,
+        output_queue: str | None,
+        options: dict[str, object],
+        kind: str,
+    ) -> WorkerSpec:
+        """Return the spec of one worker process of this run."""
+        return WorkerSpec(
+            name=name,
+            run_dir=str(self.folder.path),
+            endpoints_path=str(self.folder.path / "endpoints.json"),
+            handler=handler,
+            stage=stage or name,
+            input_queue=input_queue,
+            output_queue=output_queue,
+            options=options,
+            kind=kind,
+        )
+
+    def _snapshot_effect_table(self, engine: db.Engine) -> None:
+        table, column = self.spec.effect_table, self.spec.effect_column
+        for op in db.column_values(engine, table, column):
+            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
+        self.folder.step(f"snapshot effect table {table}")
+
+    def _quiescent(self, out: Callable[[], int], what: str, pool: WorkerPool) -> None:
+        """Let late duplicates arrive (``settle_s``), then record how far the flow got (``out()`` of the ops)."""
+        time.sleep(self.spec.settle_s)
+        self.folder.step(f"quiescence after {out()}/{len(self.ops)} {what}; {pool.restarts} restart(s)")
+
+    def _verdict(self) -> RunResult:
+        path = self.folder.path
+        try:
+            compact(path / "ledger")
+            verdict = check_run(path, self.spec.contract, scenario=self.spec.label, seed=self.spec.seed)
+        except Exception as exc:
+            hint = "the ledger segments are kept in ledger/"
+            raise HarnessError(f"verifying {path} failed: {exc}", hint=hint) from exc
+        verdict = replace(verdict, steps=tuple(self.folder.manifest.get("steps", ())))
+        verdict.write(path / "verdict.json")
+        return RunResult(path, verdict, self.spec)
