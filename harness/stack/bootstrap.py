@@ -338,24 +338,56 @@ def _go_env() -> dict[str, str]:
     )
 
 
+# DTM v1.19.0 has no setting for its listen address: dtmsvr/svr.go listens on ":<port>", every
+# interface, for HTTP and gRPC alike, unauthenticated and around Toxiproxy. The install builds it
+# with these two calls naming 127.0.0.1 instead (in a copy of the module: the cache is not edited).
+DTM_LISTEN_CALLS = ('fmt.Sprintf(":%d", conf.HTTPPort)', 'fmt.Sprintf(":%d", conf.GrpcPort)')
+DTM_LOOPBACK = "127.0.0.1"
+
+
+def dtm_loopback_source(text: str) -> str:
+    """Return svr.go's text with both listeners on 127.0.0.1; raise BootstrapError when a call is not there once.
+
+    >>> dtm_loopback_source('a(fmt.Sprintf(":%d", conf.HTTPPort)); b(fmt.Sprintf(":%d", conf.GrpcPort))')
+    'a(fmt.Sprintf("127.0.0.1:%d", conf.HTTPPort)); b(fmt.Sprintf("127.0.0.1:%d", conf.GrpcPort))'
+    """
+    for call in DTM_LISTEN_CALLS:
+        if text.count(call) != 1:
+            raise BootstrapError(
+                f"DTM's svr.go has {text.count(call)} copies of `{call}`, expected 1: the loopback build "
+                f"knows DTM {DTM_VERSION} only (run {INSTALL} at that pin)"
+            )
+        text = text.replace(call, call.replace('":%d"', f'"{DTM_LOOPBACK}:%d"'))
+    return text
+
+
 def ensure_dtm(*, verify: bool = False) -> str:
-    """Return the DTM server binary, built once at the pinned release.
+    """Return the DTM server binary, built once at the pinned release with its listeners on loopback.
 
     ``go install module@version`` needs the proxy's version list, which some mirrors refuse; a
-    throwaway module that requires the pinned version and builds its main package does not.
+    throwaway module that requires the pinned version does not. Go refuses to build edited files
+    inside its module cache, so the module is copied, its svr.go edited, and built by a ``replace``.
     """
-    dest = cache_root() / "bin" / f"dtm-{DTM_VERSION}"
+    dest = cache_root() / "bin" / f"dtm-{DTM_VERSION}-loopback"
     if _intact("dtm", dest, dest, verify=verify):
         return str(dest)
     go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); the DTM server is built from source")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
+    partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
     env = _go_env()
     _say(f"building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...")
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-build-") as tmp:
         work = Path(tmp)
         _run([go, "mod", "init", "dtmbuild"], what="preparing the DTM build", env=env, cwd=work)
         _run([go, "get", f"{DTM_MODULE}@{DTM_VERSION}"], what="fetching the DTM sources", env=env, cwd=work)
+        source = work / "dtm"
+        shutil.copytree(Path(env["GOMODCACHE"]) / f"{DTM_MODULE}@{DTM_VERSION}", source)
+        for path in source.rglob("*"):
+            path.chmod(path.stat().st_mode | 0o200)  # module cache files may be read-only
+        svr = source / "dtmsvr" / "svr.go"
+        svr.write_text(dtm_loopback_source(svr.read_text()))
+        replace = f"-replace={DTM_MODULE}={source}"
+        _run([go, "mod", "edit", replace], what="pointing the DTM build at the edited copy", env=env, cwd=work)
         # The version stamp the release images carry, so /api/dtmsvr/version names the pin.
         stamp = f"-X main.Version={DTM_VERSION}"
         build = [go, "build", "-ldflags", stamp, "-o", str(partial), DTM_MODULE]

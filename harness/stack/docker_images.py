@@ -88,7 +88,7 @@ def _sources(service: str, tools: bootstrap.Tools) -> dict[str, Path | str]:
     elif service == "toxiproxy":
         files["toxiproxy-server"] = Path(tools.toxiproxy)
     elif service == "dtm":
-        files["dtm"] = Path(dtm.loopback_binary(tools.dtm))
+        files["dtm"] = Path(tools.dtm)
         files["dtm.yml"] = dtm_config()
     return files
 

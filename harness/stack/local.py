@@ -573,7 +573,7 @@ class LocalProvider:
         work.mkdir(parents=True, exist_ok=True)
         config = work / "dtm.yml"
         config.write_text(dtm.render(dtm.CONFIG.read_text(), http_port=self.ports.dtm, grpc_port=self.ports.dtm_grpc))
-        return [dtm.loopback_binary(self._tools.dtm), "-c", str(config)], work
+        return [self._tools.dtm, "-c", str(config)], work
 
     # -- wiring --------------------------------------------------------------------------------
     def _endpoints(self) -> Endpoints:

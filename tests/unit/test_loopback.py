@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import StackError
-from harness.stack import bootstrap, dtm
+from harness.stack import bootstrap
 from harness.stack.local import PG_HBA
 
 
@@ -21,15 +20,15 @@ def test_the_pinned_dtm_source_gets_both_listeners_on_loopback() -> None:
     if not source.exists():
         pytest.skip(f"no DTM sources in the Go module cache ({source}): run ./txchaos")
     text = source.read_text()
-    patched = dtm.loopback_source(text)
-    assert patched.count(f'"{dtm.LOOPBACK}:%d"') == 2
+    patched = bootstrap.dtm_loopback_source(text)
+    assert patched.count(f'"{bootstrap.DTM_LOOPBACK}:%d"') == 2
     assert 'Sprintf(":%d"' not in patched, "a listener is left on every interface"
     assert len(patched.splitlines()) == len(text.splitlines())
 
 
 def test_a_dtm_source_the_build_does_not_know_is_refused() -> None:
-    with pytest.raises(StackError, match="expected 1"):
-        dtm.loopback_source('app.Run(fmt.Sprintf("0.0.0.0:%d", conf.HTTPPort))')
+    with pytest.raises(bootstrap.BootstrapError, match="expected 1"):
+        bootstrap.dtm_loopback_source('app.Run(fmt.Sprintf("0.0.0.0:%d", conf.HTTPPort))')
 
 
 def test_postgres_trusts_no_tcp_connection() -> None:
