@@ -343,6 +343,7 @@ def _go_env() -> dict[str, str]:
 # with these two calls naming 127.0.0.1 instead (in a copy of the module: the cache is not edited).
 DTM_LISTEN_CALLS = ('fmt.Sprintf(":%d", conf.HTTPPort)', 'fmt.Sprintf(":%d", conf.GrpcPort)')
 DTM_LOOPBACK = "127.0.0.1"
+DTM_BINARY = f"dtm-{DTM_VERSION}-loopback"
 
 
 def dtm_loopback_source(text: str) -> str:
@@ -368,7 +369,7 @@ def ensure_dtm(*, verify: bool = False) -> str:
     throwaway module that requires the pinned version does not. Go refuses to build edited files
     inside its module cache, so the module is copied, its svr.go edited, and built by a ``replace``.
     """
-    dest = cache_root() / "bin" / f"dtm-{DTM_VERSION}-loopback"
+    dest = cache_root() / "bin" / DTM_BINARY
     if _intact("dtm", dest, dest, verify=verify):
         return str(dest)
     go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); the DTM server is built from source")

@@ -32,7 +32,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (lib / f"{name}-core-1.0.jar").write_bytes(b"PK\x03\x04 core " + name.encode() * 50)
         (lib / ".complete").write_text("2026-01-01T00:00:00")
         bootstrap.record(f"{name} jars", lib)
-    for component, binary in (("toxiproxy", "toxiproxy-server-v2.12.0"), ("dtm", "dtm-v1.19.0")):
+    for component, binary in (("toxiproxy", "toxiproxy-server-v2.12.0"), ("dtm", bootstrap.DTM_BINARY)):
         path = root / "bin" / binary
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x7fELF" + component.encode() * 200)
@@ -45,14 +45,14 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         kafka_lib=str(root / "jars" / "kafka-0123456789ab"),
         toxiproxy=str(root / "bin" / "toxiproxy-server-v2.12.0"),
         allure=None,
-        dtm=str(root / "bin" / "dtm-v1.19.0"),
+        dtm=str(root / "bin" / bootstrap.DTM_BINARY),
     )
     (root / "tools.json").write_text(json.dumps(asdict(tools)))
     return root
 
 
 def test_an_intact_cache_loads(cache: Path) -> None:
-    assert bootstrap.load_tools().dtm == str(cache / "bin" / "dtm-v1.19.0")
+    assert bootstrap.load_tools().dtm == str(cache / "bin" / bootstrap.DTM_BINARY)
     bootstrap.verify_cache(full=True)
 
 
@@ -104,10 +104,10 @@ def test_the_local_provider_refuses_a_damaged_cache_before_starting(
     from harness.stack.local import LocalProvider
 
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "reports"))
-    (cache / "bin" / "dtm-v1.19.0").unlink()
+    (cache / "bin" / bootstrap.DTM_BINARY).unlink()
     with pytest.raises(ConfigError) as info:
         LocalProvider().start()
-    assert "dtm-v1.19.0" in str(info.value)
+    assert bootstrap.DTM_BINARY in str(info.value)
     assert "txchaos install" in (info.value.hint or "")
     assert not list((tmp_path / "reports").glob("stacks/*/logs/*.log"))  # nothing was spawned
 
@@ -124,11 +124,11 @@ def test_install_repairs_only_the_damaged_component(cache: Path, monkeypatch: py
 
 def test_an_install_that_predates_the_manifest_is_recorded(cache: Path) -> None:
     (cache / "manifest.json").unlink()
-    binary = cache / "bin" / "dtm-v1.19.0"
+    binary = cache / "bin" / bootstrap.DTM_BINARY
     assert bootstrap._intact("dtm", binary, binary, verify=False)
     recorded = bootstrap.read_manifest()
     assert recorded is not None
-    assert recorded["dtm"]["root"] == "bin/dtm-v1.19.0"
+    assert recorded["dtm"]["root"] == f"bin/{bootstrap.DTM_BINARY}"
 
 
 def test_txchaos_install_is_idempotent_and_says_so(
