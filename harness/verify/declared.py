@@ -15,7 +15,7 @@ calls two functions of this module:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -129,11 +129,19 @@ def _int(decl: Declaration, column: str, value: Any) -> int:
     return int(value)
 
 
-def snapshot(engine: Engine, contract: FlowContract, ledger: LedgerWriter, ops: Collection[str]) -> list[str]:
+def snapshot(
+    engine: Engine,
+    contract: FlowContract,
+    ledger: LedgerWriter,
+    ops: Collection[str],
+    *,
+    step: Callable[[str], object] | None = None,
+) -> list[str]:
     """Evaluate the declared effect and invariants on the final state and write them to ``ledger``.
 
     ``ops`` are the ids of the submitted operations (``:submitted`` binds to their number).
-    Returns one line per declaration for the run's steps.
+    Returns one line per declaration, each also passed to ``step`` (the run folder's step log).
+    A contract without declarations costs nothing: no query runs.
     """
     steps: list[str] = []
     applied: dict[str, int] = {}
@@ -152,6 +160,9 @@ def snapshot(engine: Engine, contract: FlowContract, ledger: LedgerWriter, ops: 
         names, types, rows = _run(engine, decl, submitted=len(ops))
         _check_columns(decl, names, types)
         steps.append(_record(ledger, inv, decl, rows, suspects))
+    if step is not None:
+        for line in steps:
+            step(line)
     return steps
 
 

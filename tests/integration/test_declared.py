@@ -184,8 +184,10 @@ def test_a_saga_compensated_without_its_refund_breaks_only_the_net_zero_invarian
         for saga, state in states.items():
             d.emit(Kind.SUBMIT, op=saga)
             d.emit(Kind.RESIDUE_EFFECT, op=saga, dest="sagas", state=state)  # final: as the saga run books it
-        declared.snapshot(eng, contract, d, list(states))
+        logged: list[str] = []
+        declared.snapshot(eng, contract, d, list(states), step=logged.append)
     eng.dispose()
+    assert logged == [f"invariant saga-net: {0 if compensate else 1} of 2 operations broken"]
     assert check_run(tmp_path, FlowContract(expects_downstream=False)).clean
     v = check_run(tmp_path, contract)
     if compensate:
