@@ -68,8 +68,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
 
     def open_session(self, spec: ScenarioSpec) -> RunSession | KafkaRunSession:
         """Return this example's run, open (a pattern's own machine opens its own session class)."""
-        endpoints = type(self).endpoints
-        return (KafkaRunSession(spec, endpoints) if spec.broker == "kafka" else RunSession(spec, endpoints)).open()
+        return RunSession(spec, type(self).endpoints).open()  # the session of the spec's flow
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(n=st.integers(min_value=1, max_value=3))

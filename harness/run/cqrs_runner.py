@@ -30,13 +30,7 @@ from harness.run.kafka_runner import KafkaRunSession
 
 
 class CqrsRunSession(KafkaRunSession):
-    """One CQRS run, driven step by step.
-
-    >>> with CqrsRunSession(spec, endpoints) as run:
-    ...     run.arm(Crash("before_offset_commit", op_index=2))
-    ...     run.submit(6)
-    ...     result = run.close()
-    """
+    """A Kafka run whose operations are entity events (``submit``) and whose books are per key."""
 
     flow = "kafka_cqrs"
 
@@ -46,7 +40,7 @@ class CqrsRunSession(KafkaRunSession):
             raise ConfigError(
                 "poison records in a CQRS run", hint="entity events have no poison flag: submit plain ones"
             )
-        self.transport.producer()  # refuses a run that is not open
+        self.engine("submit")  # refuses a run that is not open
         new = []
         for op in self._mint(count):
             n = len(self.ops)

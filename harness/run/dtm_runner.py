@@ -24,7 +24,6 @@ import json
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import pyarrow.compute as pc
 
@@ -35,7 +34,7 @@ from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
 from harness.run.registry import dtm_holds
-from harness.run.session import Progress, RunSession, _quiet
+from harness.run.session import RunSession
 from harness.run.spec import ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
@@ -59,16 +58,13 @@ class DtmRunSession(RunSession):
 
     flow = "dtm"
 
-    def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-    ) -> None:
+    def _setup(self) -> None:
         # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's
         # loopback (the docker provider with host networking, docs/docker.md).
-        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
-        assert endpoints.dtm is not None  # _check refused a stack without DTM
+        assert self.endpoints.dtm is not None  # _check refused a stack without DTM
         self.service_port = free_ports(1).pop()
         self.tag = secrets.token_hex(4)
-        self.dtm = DtmClient(endpoints.dtm.host, endpoints.dtm.port, timeout=3.0)
+        self.dtm = DtmClient(self.endpoints.dtm.host, self.endpoints.dtm.port, timeout=3.0)
         self._requests = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtm-driver")
         self._answers: dict[str, Future[str]] = {}
         self._undecided: dict[str, str] = {}

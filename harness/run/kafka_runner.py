@@ -14,25 +14,22 @@ order), so the anomalies are too.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
+from collections.abc import Callable
 
-from harness.clients import db, kafka
+from harness.clients import kafka
 from harness.ledger.schema import Kind
 from harness.run.kafka_sink import KafkaSink
-from harness.run.session import Progress, RunSession, _quiet
-from harness.run.spec import ScenarioSpec
+from harness.run.sink_session import SinkSession
 from harness.run.supervisor import WorkerPool
 from harness.run.transports.kafka import KafkaTransport
-from harness.stack.base import Endpoints
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
 COMMITTED_POLL_S = 0.25  # how often quiescence asks the coordinator for the group's offsets
 
 
-class KafkaRunSession(RunSession):
+class KafkaRunSession(SinkSession[KafkaSink]):
     """One Kafka run, driven step by step (build it as ``RunSession(spec, endpoints)``).
 
     >>> with RunSession(spec, endpoints) as run:
@@ -43,18 +40,16 @@ class KafkaRunSession(RunSession):
 
     flow = "kafka"
     late_workers = True
+    transport: KafkaTransport
 
-    def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-    ) -> None:
-        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
-        self.opts = KafkaStageOptions.from_options(spec.options)
-        self.bootstrap = endpoints.kafka.address
+    def _setup(self) -> None:
+        self.opts = KafkaStageOptions.from_options(self.spec.options)
+        self.bootstrap = self.endpoints.kafka.address
         self.input_topic, self.output_topic = f"{self.ns}.in", f"{self.ns}.out"
+        self.input_dest = self.input_topic
         self.dlt = kafka.dlt_name(self.input_topic)
         self.group = f"{self.ns}.group"
         self.transport = KafkaTransport(self.bootstrap, self.folder, partitions=self.opts.partitions)
-        self._sink: KafkaSink | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
     def _provision(self) -> None:
@@ -71,50 +66,7 @@ class KafkaRunSession(RunSession):
             f"db tx per {o.db_tx}"
         )
 
-    def _release(self) -> None:
-        if self._sink is not None:
-            self._sink.stop(idle_s=0)
-            self._sink = None
-        self.transport.release()
-
-    def _await_quiescence(self, pool: WorkerPool) -> None:
-        assert self._sink is not None
-        self._await_out(self._sink, pool)
-
-    def _close_books(self, engine: db.Engine) -> None:
-        self._residue()
-        if self._sink is not None:
-            self._sink.stop()
-            self._sink = None
-        self._snapshot_effects(engine)
-
-    def _snapshot_effects(self, engine: db.Engine) -> None:
-        self._snapshot_effect_table(engine)
-
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int, *, poison: bool = False) -> list[str]:
-        """Produce ``count`` new operations, keyed by their (requester-made) ids; return the ids.
-
-        ``poison`` marks them as poison records (as do the spec's ``poison`` numbers). Returns
-        once the broker has acknowledged every record; the ledger holds a SUBMIT for each before
-        it goes out.
-        """
-        self.transport.producer()  # refuses a run that is not open
-        new = self._mint(count)
-        for op in new:
-            n = len(self.ops)
-            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_topic)
-            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
-            if poison or n in self.spec.poison:
-                fields["poison"] = True  # a record its handler cannot process, on every delivery
-            body = json.dumps(fields)
-            self.transport.send(self.input_topic, body, key=op, headers={"txchaos-op": op})
-            self.ops.append(op)
-        self.transport.flush()
-        self.folder.step(f"submit {count} operation(s) to {self.input_topic}")
-        self.progress(f"submitted {len(self.ops)} operations")
-        return new
-
     # -- phases --------------------------------------------------------------------------------
     def _worker_specs(self) -> list[WorkerSpec]:
         spec = self.spec
@@ -138,26 +90,23 @@ class KafkaRunSession(RunSession):
         done = kafka.committed_offsets(self.bootstrap, self.group, self.input_topic)
         return all((done.get(p) or 0) >= end for p, end in ends.items())
 
-    def _await_out(self, sink: KafkaSink, pool: WorkerPool) -> None:
-        """Wait until every operation came out, or the group has committed all input, the sink has
-        read its topics to their end since, and nothing came out for ``settle_s`` (a lost
-        operation never comes out); bounded by the timeout.
+    def _all_out(self, pool: WorkerPool, deadline: float) -> None:
+        pool.wait_serving(deadline)  # a replaced consumer may still get records back
+        self._await_committed(deadline)
+
+    def _nothing_more(self, sink: KafkaSink, pool: WorkerPool) -> Callable[[int, int], bool]:
+        """Return the probe: the group has committed all input, the sink has read its topics to
+        their end since, and nothing came out for ``settle_s`` (a lost operation never comes out).
 
         The quiet time counts from when the commit was first seen: with the auto offset store a
         commit covers records whose output is still to come.
         """
-        want = set(self.ops)
         settle = max(self.spec.settle_s, COMMITTED_POLL_S)
-        deadline = time.monotonic() + self.spec.timeout_s
-        last_report, next_check = 0, 0.0
+        next_check = 0.0
         consumed_at: float | None = None
-        while time.monotonic() < deadline:
-            sink.check()
-            done = len(want & sink.accounted())
-            if done == len(want):
-                pool.wait_serving(deadline)  # a replaced consumer may still get records back
-                self._await_committed(deadline)
-                break
+
+        def probe(done: int, missing: int) -> bool:
+            nonlocal next_check, consumed_at
             now = time.monotonic()
             if consumed_at is None and now >= next_check:
                 next_check = now + COMMITTED_POLL_S
@@ -172,15 +121,11 @@ class KafkaRunSession(RunSession):
                 and sink.caught_up_since(consumed_at)
                 and pool.serving()
             ):
-                self.progress(f"input consumed and committed; {len(want) - done} operation(s) never came out")
-                break
-            if done - last_report >= max(1, len(want) // 10):
-                self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
-                last_report = done
-            time.sleep(0.02)
-        else:
-            self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
-        self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
+                self.progress(f"input consumed and committed; {missing} operation(s) never came out")
+                return True
+            return False
+
+        return probe
 
     def _await_committed(self, deadline: float) -> None:
         """Wait (bounded) until the group committed all input: a worker killed after its output

@@ -168,7 +168,6 @@ def _dtm(spec: ScenarioSpec) -> None:
     dtm_holds(spec.options)
 
 
-_KAFKA_REFUSAL = "the Kafka run has one consumer stage so far: leave those out"
 register(
     Flow(
         "activemq",
@@ -180,43 +179,42 @@ register(
         accepts=frozenset(OPTIONAL_FIELDS),
     )
 )
-register(
-    Flow(
+
+
+def _kafka_flow(name: str, session: str, summary: str, check: Callable[[ScenarioSpec], None]) -> Flow:
+    """Return a flow of Kafka stages: their crash points and actions, no chain, helpers or outbox."""
+    return Flow(
+        name,
         "kafka",
-        "kafka",
-        "harness.run.kafka_runner:KafkaRunSession",
-        "one consumer-group stage on topics",
+        session,
+        summary,
         points=KAFKA_POINTS,
         actions=KAFKA_ACTIONS,
         accepts=frozenset({"poison", "workers"}),
-        refusal=_KAFKA_REFUSAL,
-        check_spec=_kafka_options,
+        refusal="the Kafka run has one consumer stage so far: leave those out",
+        check_spec=check,
+    )
+
+
+register(
+    _kafka_flow(
+        "kafka", "harness.run.kafka_runner:KafkaRunSession", "one consumer-group stage on topics", _kafka_options
     )
 )
 register(
-    Flow(
+    _kafka_flow(
         "kafka_saga",
-        "kafka",
         "harness.run.saga_runner:SagaRunSession",
         "an orchestrator and two participants, each a Kafka stage",
-        points=KAFKA_POINTS,
-        actions=KAFKA_ACTIONS,
-        accepts=frozenset({"poison", "workers"}),
-        refusal=_KAFKA_REFUSAL,
-        check_spec=_saga,
+        _saga,
     )
 )
 register(
-    Flow(
+    _kafka_flow(
         "kafka_cqrs",
-        "kafka",
         "harness.run.cqrs_runner:CqrsRunSession",
         "entity events keyed by aggregate id into one Kafka replica stage",
-        points=KAFKA_POINTS,
-        actions=KAFKA_ACTIONS,
-        accepts=frozenset({"poison", "workers"}),
-        refusal=_KAFKA_REFUSAL,
-        check_spec=_cqrs,
+        _cqrs,
     )
 )
 register(

@@ -10,7 +10,6 @@ rows. ``run_scenario`` is the one-shot form (``RunSession.drive``).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from harness.ledger.schema import Kind
 from harness.run.session import Progress, RunResult, RunSession, _quiet
 from harness.run.settle import Settlement
 from harness.run.sink import Sink, op_of
+from harness.run.sink_session import SinkSession
 from harness.run.spec import ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.run.transports.activemq import ActiveMQTransport
@@ -34,7 +34,7 @@ __all__ = ["IDLE_S", "RunResult", "RunSession", "StageRunSession", "run_scenario
 IDLE_S = 2.0
 
 
-class StageRunSession(RunSession):
+class StageRunSession(SinkSession[Sink]):
     """One run of a chain of queue stages, driven step by step (build it as ``RunSession(spec, endpoints)``).
 
     >>> with RunSession(spec, endpoints) as run:
@@ -44,16 +44,14 @@ class StageRunSession(RunSession):
     """
 
     flow = "activemq"
+    transport: ActiveMQTransport
 
-    def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-    ) -> None:
-        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
+    def _setup(self) -> None:
         self.input_queue, self.output_queue = f"{self.ns}.in", f"{self.ns}.out"
+        self.input_dest = self.input_queue
         # The input queue of every stage: the first is fed by submit, each next by the one before.
-        self.stage_queues = [self.input_queue, *(f"{self.ns}.{s.name}" for s in spec.chain)]
-        self.transport = ActiveMQTransport(endpoints.stomp, self.folder)
-        self._sink: Sink | None = None
+        self.stage_queues = [self.input_queue, *(f"{self.ns}.{s.name}" for s in self.spec.chain)]
+        self.transport = ActiveMQTransport(self.endpoints.stomp, self.folder)
 
     # -- hooks ---------------------------------------------------------------------------------
     def _provision(self) -> None:
@@ -70,45 +68,7 @@ class StageRunSession(RunSession):
         for helper in spec.helpers:
             folder.step(f"start helper {helper.name} running {helper.handler}")
 
-    def _release(self) -> None:
-        self.transport.release()
-        if self._sink is not None:
-            self._sink.stop(idle_s=0)
-            self._sink = None
-
-    def _await_quiescence(self, pool: WorkerPool) -> None:
-        assert self._sink is not None
-        self._await_out(self._sink, pool)
-
-    def _close_books(self, engine: db.Engine) -> None:
-        self._drain_residue()
-        if self._sink is not None:
-            self._sink.stop()
-            self._sink = None
-        self._snapshot_effects(engine)
-
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int, *, poison: bool = False) -> list[str]:
-        """Submit ``count`` new operations (requester-made ids) and return their ids.
-
-        ``poison`` marks them as poison messages (as do the spec's ``poison`` numbers). A broker
-        connection lost meanwhile (a broker restart) is opened again once; operations already
-        sent stay sent, and the ledger holds a SUBMIT for each before it goes out.
-        """
-        new = self._mint(count)
-        for op in new:
-            n = len(self.ops)
-            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
-            if poison or n in self.spec.poison:
-                fields["poison"] = True
-            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_queue)
-            self.transport.send(self.input_queue, json.dumps(fields), key=op, headers={"txchaos-op": op})
-            self.ops.append(op)
-        self.transport.flush()
-        self.folder.step(f"submit {count} {'poison ' if poison else ''}operation(s) to {self.input_queue}")
-        self.progress(f"submitted {len(self.ops)} operations")
-        return new
-
     # -- phases --------------------------------------------------------------------------------
     def _worker_specs(self) -> list[WorkerSpec]:
         """Return the workers of every stage, then the helper processes."""
@@ -148,45 +108,39 @@ class StageRunSession(RunSession):
             )
         return out
 
-    def _await_out(self, sink: Sink, pool: WorkerPool) -> None:
-        """Wait until every operation came out (downstream or DLQ), or the flow is idle with some
-        never out (``_idle``), then settle; bounded by the timeout."""
-        want = set(self.ops)
-        deadline = time.monotonic() + self.spec.timeout_s
-        last_report = 0
+    def _all_out(self, pool: WorkerPool, deadline: float) -> None:
+        # A worker killed after its DB commit gets its message back once it is replaced, and the
+        # replacement must settle it before the queues are drained as residue.
+        if pool.wait_serving(deadline):
+            self._await_settled(deadline)
+
+    def _nothing_more(self, sink: Sink, pool: WorkerPool) -> Callable[[int, int], bool]:
+        """Return the probe: the flow idle (``_Idleness``) with some never out, or a crash loop."""
         # A crash loop (a poison message) never ends on its own: once the workers have died more
         # often than the contract's max_deliveries with nothing coming out, stop waiting for it.
         limit = self.spec.contract.max_deliveries
         progressed, restarts_then = -1, pool.restarts
         idle = _Idleness(Settlement(self.folder.path / "ledger"), pool, sink, max(self.spec.settle_s, IDLE_S))
-        while time.monotonic() < deadline:
-            sink.check()
-            done = len(want & sink.accounted())
-            if done == len(want):
-                # A worker killed after its DB commit gets its message back once it is replaced,
-                # and the replacement must settle it before the queues are drained as residue.
-                if pool.wait_serving(deadline):
-                    self._await_settled(deadline)
-                break
+
+        def probe(done: int, missing: int) -> bool:
+            nonlocal progressed, restarts_then
             if idle.idle(self._outbox_empty):
-                self.progress(f"the flow is idle; {len(want) - done} operation(s) never came out")
-                self.folder.step(f"quiescence: idle for {idle.quiet_s}s with {len(want) - done} operation(s) not out")
-                break
+                self.progress(f"the flow is idle; {missing} operation(s) never came out")
+                self.folder.step(f"quiescence: idle for {idle.quiet_s}s with {missing} operation(s) not out")
+                return True
             if done > progressed:
                 progressed, restarts_then = done, pool.restarts
             elif limit is not None and pool.restarts - restarts_then > limit:
                 looped = pool.restarts - restarts_then
                 self.progress(f"crash loop: {looped} worker restarts and no operation out; not waiting longer")
-                self.folder.step(f"crash loop: {looped} restarts with {len(want) - done} operation(s) not out")
-                break
-            if done - last_report >= max(1, len(want) // 10):
-                self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
-                last_report = done
-            time.sleep(0.02)
-        else:
-            self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
+                self.folder.step(f"crash loop: {looped} restarts with {missing} operation(s) not out")
+                return True
+            return False
+
+        return probe
+
+    def _after_out(self, deadline: float) -> None:
         self._await_outbox(deadline)
-        self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
 
     def _await_settled(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
@@ -213,7 +167,7 @@ class StageRunSession(RunSession):
         while time.monotonic() < deadline and db.column_values(engine, outbox, "op_id", where_null="sent_at"):
             time.sleep(0.05)
 
-    def _drain_residue(self) -> None:
+    def _residue(self) -> None:
         ep = self.endpoints.stomp
         with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
             # A queue that stays empty this long after the workers are gone is empty.

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from sqlalchemy import text
 
@@ -36,11 +35,10 @@ from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
 from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, SEAT, SagaOptions, first_step_of, step_op
-from harness.run.session import Progress, RunSession, _quiet
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.session import RunSession
+from harness.run.spec import Crash
 from harness.run.supervisor import WorkerPool
 from harness.run.transports.kafka import KafkaTransport
-from harness.stack.base import Endpoints
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
@@ -66,13 +64,10 @@ class SagaRunSession(RunSession):
 
     flow = "kafka_saga"
 
-    def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-    ) -> None:
-        super().__init__(spec, endpoints, runs_root=runs_root, progress=progress)
-        self.saga = SagaOptions.from_options(spec.options)
-        self.kopts = KafkaStageOptions.from_options(spec.options)
-        self.bootstrap = endpoints.kafka.address
+    def _setup(self) -> None:
+        self.saga = SagaOptions.from_options(self.spec.options)
+        self.kopts = KafkaStageOptions.from_options(self.spec.options)
+        self.bootstrap = self.endpoints.kafka.address
         ns = self.ns
         self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
         self.groups = {p: f"{ns}.{p}" for p in (ORCHESTRATOR, PAYMENT, SEAT)}

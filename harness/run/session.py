@@ -129,8 +129,12 @@ class RunSession:
         self._live = False
         self._started = 0.0
         self._result: RunResult | None = None
+        self._setup()
 
     # -- hooks a flow's session supplies -------------------------------------------------------
+    def _setup(self) -> None:
+        """Name the run's destinations and make its transport (the folder and namespace exist)."""
+
     def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
         """Refuse a spec or stack this session cannot run (before anything starts)."""
 

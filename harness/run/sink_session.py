@@ -1,0 +1,120 @@
+"""``SinkSession``: the lifecycle of a stage flow on a transport, whose sink reads what comes out.
+
+Submitting plain operations, quiescence (every operation out, or the transport's probe says no
+more will come out, or the timeout), closing the books with the input's residue and healing the
+sink and the transport are written here once for every transport (ActiveMQ, Kafka).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+from harness.clients import db
+from harness.errors import HarnessError
+from harness.ledger.schema import Kind
+from harness.run.session import RunSession
+from harness.run.supervisor import WorkerPool
+from harness.run.transport import Transport
+
+
+class _Sink(Protocol):
+    def check(self) -> None: ...
+    def accounted(self) -> set[str]: ...
+    def stop(self, *, idle_s: float = 0.3) -> None: ...
+
+
+SinkT = TypeVar("SinkT", bound=_Sink)
+
+
+class SinkSession(RunSession, Generic[SinkT]):
+    """A stage flow on a transport: a sink reads what comes out (outputs, dead letters) meanwhile.
+
+    Quiescence is written here once: every operation out (then ``_all_out``), or the transport's
+    probe (``_nothing_more``) says nothing more will come out, or the timeout. The subclass
+    supplies those two, ``_residue`` (what is still in the input) and ``_snapshot_effects``; the
+    sink and the transport are healed here.
+    """
+
+    transport: Transport
+    input_dest: str  # the first stage's input: where submit sends
+    _sink: SinkT | None = None
+
+    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+        """Send ``count`` new operations (requester-made ids, each its record's key); return their ids.
+
+        ``poison`` marks them as poison messages (as do the spec's ``poison`` numbers): their
+        handler cannot process them, on any delivery. Returns once the broker holds every one;
+        the ledger holds a SUBMIT for each before it goes out.
+        """
+        self.engine("submit")  # refuses a run that is not open
+        new = self._mint(count)
+        for op in new:
+            n = len(self.ops)
+            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
+            if poison or n in self.spec.poison:
+                fields["poison"] = True
+            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_dest)
+            self.transport.send(self.input_dest, json.dumps(fields), key=op, headers={"txchaos-op": op})
+            self.ops.append(op)
+        self.transport.flush()
+        self.folder.step(f"submit {count} {'poison ' if poison else ''}operation(s) to {self.input_dest}")
+        self.progress(f"submitted {len(self.ops)} operations")
+        return new
+
+    def _all_out(self, pool: WorkerPool, deadline: float) -> None:
+        """Let what follows every operation out settle (a replaced worker's redelivery)."""
+
+    def _nothing_more(self, sink: SinkT, pool: WorkerPool) -> Callable[[int, int], bool]:
+        """Return the probe ``(done, missing) -> bool``: True once nothing more will come out."""
+        raise NotImplementedError
+
+    def _after_out(self, deadline: float) -> None:
+        """Wait (bounded by ``deadline``) for what must settle before the books close."""
+
+    def _residue(self) -> None:
+        raise NotImplementedError
+
+    def _snapshot_effects(self, engine: db.Engine) -> None:
+        self._snapshot_effect_table(engine)
+
+    def _await_quiescence(self, pool: WorkerPool) -> None:
+        """Wait until every operation came out, or the probe says no more will; bounded by the timeout."""
+        sink = self._sink
+        if sink is None:
+            raise HarnessError("close() of a run whose sink is gone", hint="open the run again")
+        want = set(self.ops)
+        deadline = time.monotonic() + self.spec.timeout_s
+        nothing_more = self._nothing_more(sink, pool)
+        last_report = 0
+        while time.monotonic() < deadline:
+            sink.check()
+            done = len(want & sink.accounted())
+            if done == len(want):
+                self._all_out(pool, deadline)
+                break
+            if nothing_more(done, len(want) - done):
+                break
+            if done - last_report >= max(1, len(want) // 10):
+                self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
+                last_report = done
+            time.sleep(0.02)
+        else:
+            self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
+        self._after_out(deadline)
+        self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
+
+    def _close_books(self, engine: db.Engine) -> None:
+        self._residue()
+        if self._sink is not None:
+            self._sink.stop()
+            self._sink = None
+        self._snapshot_effects(engine)
+
+    def _release(self) -> None:
+        if self._sink is not None:
+            self._sink.stop(idle_s=0)
+            self._sink = None
+        self.transport.release()
