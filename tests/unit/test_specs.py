@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from harness import ConfigError, Crash, ScenarioSpec
 from harness.run.spec import Helper, Stage
+from harness.stack.base import Endpoint, Endpoints
 from harness.worker.crash import CrashArm
 
 
@@ -150,3 +152,103 @@ def test_lists_become_tuples_so_a_frozen_spec_stays_frozen() -> None:
     s = spec(crashes=[Crash("after_db_commit", op_index=3)], expect={"duplicate-effect"})
     assert s.crashes == (Crash("after_db_commit", op_index=3),)
     assert s.expect == frozenset({"duplicate-effect"})
+
+
+def _endpoints() -> Endpoints:
+    def ep(proxy: str, port: int) -> Endpoint:
+        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
+
+    return Endpoints(
+        provider="local",
+        stack_id="s1",
+        postgres=ep("postgres", 1),
+        stomp=ep("activemq_stomp", 2),
+        kafka=ep("kafka", 3),
+        toxiproxy_api="http://127.0.0.1:8474",
+        db_user="u",
+        db_password="p",
+        db_name="d",
+        state_dir="/tmp/s1",
+    )
+
+
+def test_every_spec_names_a_registered_flow_and_an_unknown_one_lists_them() -> None:
+    from harness.run.registry import flows
+
+    assert spec().flow.name == "activemq"
+    with pytest.raises(ConfigError) as info:
+        spec(broker="rabbitmq")
+    for flow in flows():
+        assert repr(flow.name) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"slow_commits": "3"}, "slow_commits='3'"),
+        ({"slow_commits": [1.5]}, "slow_commits=[1.5]"),
+        ({"hold_s": "long"}, "hold_s='long'"),
+    ],
+)
+def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object], named: str) -> None:
+    # They used to be read only once the run had started its service and branch.
+    with pytest.raises(ConfigError) as info:
+        spec(broker="dtm", handler="harness.patterns.dtm_transfer:service", options=options)
+    assert named in str(info.value)
+    assert "slow_commits as a list" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("broker", "module", "name"),
+    [
+        ("activemq", "harness.run.runner", "StageRunSession"),
+        ("kafka", "harness.run.kafka_runner", "KafkaRunSession"),
+        ("kafka_saga", "harness.run.saga_runner", "SagaRunSession"),
+        ("kafka_cqrs", "harness.run.cqrs_runner", "CqrsRunSession"),
+        ("dtm", "harness.run.dtm_runner", "DtmRunSession"),
+    ],
+)
+def test_run_session_builds_the_session_of_the_specs_flow(broker: str, module: str, name: str) -> None:
+    from harness.run.registry import flow_named
+    from harness.run.session import RunSession
+
+    flow = flow_named(broker)
+    assert flow.session == f"{module}:{name}"
+    assert flow.session_class().__name__ == name
+    assert issubclass(flow.session_class(), RunSession)
+    assert flow.session_class().flow == broker
+
+
+def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
+    from harness.run.kafka_runner import KafkaRunSession
+    from harness.run.runner import StageRunSession
+    from harness.run.session import RunSession
+
+    kafka = spec(
+        broker="kafka",
+        handler="harness.patterns.kafka_consumer:naive",
+        schema="kafka_consumer",
+        effect_table="kafka_effects",
+    )
+    # __new__ alone: the class is chosen, nothing is made or started.
+    assert type(RunSession.__new__(RunSession, spec(), _endpoints())) is StageRunSession
+    assert type(RunSession.__new__(RunSession, kafka, _endpoints())) is KafkaRunSession
+
+
+def test_a_session_refuses_a_handler_that_does_not_import_before_it_makes_a_folder(tmp_path: Path) -> None:
+    from harness.run.session import RunSession
+
+    bad = spec(handler="harness.patterns.onepc:naiv")
+    with pytest.raises(ConfigError) as info:
+        RunSession(bad, _endpoints(), runs_root=tmp_path)
+    assert "naiv" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_session_of_one_flow_refuses_a_spec_of_another() -> None:
+    from harness.run.kafka_runner import KafkaRunSession
+
+    with pytest.raises(ConfigError) as info:
+        KafkaRunSession(spec(), _endpoints())
+    assert "runs on activemq, not kafka" in str(info.value)
+    assert "RunSession(spec, endpoints)" in str(info.value)
