@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter
 from typing import Any
 
 from harness.clients.kafka import TopicReader, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.run.sink_base import SinkBase
 from harness.worker.kafka_stage import op_of
 
 
-class KafkaSink:
+class KafkaSink(SinkBase):
     """Read ``output_topic`` (if any) and ``input_topic``'s ``-dlt`` from the start, in a thread.
 
     It reads ``read_committed`` outside any consumer group: the view of a downstream consumer,
@@ -23,24 +22,15 @@ class KafkaSink:
     """
 
     def __init__(self, bootstrap: str, ledger: LedgerWriter, *, input_topic: str, output_topic: str | None) -> None:
-        self.bootstrap = bootstrap
-        self.ledger = ledger
-        self.topics = {dlt_name(input_topic): Kind.DEAD_LETTER}
+        topics = {dlt_name(input_topic): Kind.DEAD_LETTER}
         if output_topic:
-            self.topics[output_topic] = Kind.DOWNSTREAM
-        self.seen: Counter[str] = Counter()  # op -> records that came out (downstream or DLT)
-        self.received = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._last = time.monotonic()
+            topics[output_topic] = Kind.DOWNSTREAM
+        super().__init__(ledger, topics, name="kafka-sink")
+        self.bootstrap = bootstrap
+        self.topics = topics
         # When the sink last found itself read to the end of every topic with nothing new since.
         self._caught_up_at: float | None = None
-        self._error: BaseException | None = None
         self._reader = TopicReader(bootstrap, list(self.topics), client_id="txchaos-sink")
-        self._thread = threading.Thread(target=self._run, name="kafka-sink", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -66,18 +56,11 @@ class KafkaSink:
                         offset=rec.offset,
                         **detail,
                     )
-                    with self._lock:
-                        self._last = time.monotonic()
-                        self.received += 1
-                        self.seen[op] += 1
+                    self._saw(op)
         except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
             self._error = exc
         finally:
             self._reader.close()
-
-    def accounted(self) -> set[str]:
-        with self._lock:
-            return set(self.seen)
 
     def caught_up_since(self, since: float) -> bool:
         """Return whether the sink, checking after the monotonic time ``since``, had read every
@@ -85,20 +68,6 @@ class KafkaSink:
         with self._lock:
             return self._caught_up_at is not None and self._caught_up_at > since
 
-    def quiet_s(self) -> float:
-        """Return how long nothing has arrived."""
-        with self._lock:
-            return time.monotonic() - self._last
-
     def check(self) -> None:
         if self._error is not None:
             raise HarnessError(f"the Kafka sink failed: {self._error}") from self._error
-
-    def stop(self, *, idle_s: float = 0.3) -> None:
-        """Wait until nothing arrived for ``idle_s`` (bounded), then stop reading."""
-        deadline = time.monotonic() + max(idle_s, 0.1) * 10
-        while time.monotonic() < deadline and self._thread.is_alive() and self.quiet_s() < idle_s:
-            time.sleep(0.02)
-        self._stop.set()
-        self._thread.join(10)
-        self.check()

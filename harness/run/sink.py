@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections import Counter
 
 from harness.clients.activemq import Message, StompClient, dlq_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.run.sink_base import SinkBase
 from harness.stack.base import Endpoint
 
 
@@ -27,27 +25,18 @@ def op_of(msg: Message) -> str | None:
 MAX_RECONNECTS = 20
 
 
-class Sink:
+class Sink(SinkBase):
     """Consume ``output`` (if any) and the DLQ of every input queue in a thread until ``stop``."""
 
     def __init__(
         self, stomp: Endpoint, ledger: LedgerWriter, *, input_queues: list[str], output_queue: str | None
     ) -> None:
-        self.stomp = stomp
-        self.ledger = ledger
-        self.queues = {dlq_name(q): Kind.DEAD_LETTER for q in input_queues}
+        queues = {dlq_name(q): Kind.DEAD_LETTER for q in input_queues}
         if output_queue:
-            self.queues[output_queue] = Kind.DOWNSTREAM
-        self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or DLQ)
-        self.received = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._last = time.monotonic()  # when a message last arrived (or the sink started)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="sink", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+            queues[output_queue] = Kind.DOWNSTREAM
+        super().__init__(ledger, queues, name="sink")
+        self.stomp = stomp
+        self.queues = queues
 
     def _run(self) -> None:
         # The sink is the harness's eye, not the system under test: a lost connection (a Toxiproxy
@@ -80,34 +69,4 @@ class Sink:
                 kind = self.queues.get(queue, Kind.DOWNSTREAM)
                 self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
                 client.ack(msg)
-                with self._lock:
-                    self._last = time.monotonic()
-                    self.received += 1
-                    if op:
-                        self.seen[op] += 1
-
-    def accounted(self) -> set[str]:
-        with self._lock:
-            return set(self.seen)
-
-    def quiet_s(self) -> float:
-        """Return how long nothing has arrived."""
-        with self._lock:
-            return time.monotonic() - self._last
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def stop(self, *, idle_s: float = 0.3) -> None:
-        """Wait until nothing arrived for ``idle_s`` (bounded), then stop consuming."""
-        deadline = time.monotonic() + max(idle_s, 0.1) * 10
-        while time.monotonic() < deadline and self._thread.is_alive():
-            with self._lock:
-                quiet = time.monotonic() - self._last
-            if quiet >= idle_s:
-                break
-            time.sleep(min(0.02, idle_s - quiet))
-        self._stop.set()
-        self._thread.join(10)
-        self.check()
+                self._saw(op)

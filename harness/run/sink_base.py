@@ -1,0 +1,68 @@
+"""``SinkBase``: what every transport's sink shares; a thread records what comes out of the flow.
+
+A sink reads the flow's outputs and dead letters in a thread until ``stop``, writing one
+``downstream`` or ``dead_letter`` event per message or record; the session asks it which
+operations came out (``accounted``), how long nothing did (``quiet_s``) and whether it died
+(``check``). A transport's sink supplies only ``_run``, its reading loop, which calls ``_saw``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+
+
+class SinkBase:
+    """The state and the stopping of a sink; subclasses read in ``_run``."""
+
+    def __init__(self, ledger: LedgerWriter, kinds: dict[str, Kind], *, name: str) -> None:
+        self.ledger = ledger
+        self.kinds = kinds  # destination -> the event a message read there is
+        self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or dead letter)
+        self.received = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last = time.monotonic()  # when a message last arrived (or the sink started)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _saw(self, op: str | None) -> None:
+        """Count one message of ``op`` that came out (its event is already in the ledger)."""
+        with self._lock:
+            self._last = time.monotonic()
+            self.received += 1
+            if op:
+                self.seen[op] += 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def accounted(self) -> set[str]:
+        with self._lock:
+            return set(self.seen)
+
+    def quiet_s(self) -> float:
+        """Return how long nothing has arrived."""
+        with self._lock:
+            return time.monotonic() - self._last
+
+    def check(self) -> None:
+        """Raise what killed the sink's thread, if anything did."""
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, *, idle_s: float = 0.3) -> None:
+        """Wait until nothing arrived for ``idle_s`` (bounded), then stop reading."""
+        deadline = time.monotonic() + max(idle_s, 0.1) * 10
+        while time.monotonic() < deadline and self._thread.is_alive() and self.quiet_s() < idle_s:
+            time.sleep(0.02)
+        self._stop.set()
+        self._thread.join(10)
+        self.check()
