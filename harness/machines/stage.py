@@ -30,6 +30,7 @@ from hypothesis.stateful import precondition, rule
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
 from harness.run.kafka_runner import KafkaRunSession
+from harness.run.registry import flow_named
 from harness.run.runner import RunResult, RunSession
 from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -125,7 +126,8 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
     def restart_broker(self) -> None:
         """kill -9 the run's broker (ActiveMQ or Kafka) and start it again on its data, while the flow runs."""
         self._step("restart_broker()")
-        self.hold_fault(KillBroker(type(self).spec.broker).on(type(self).endpoints), 0.0)
+        service = flow_named(type(self).spec.broker).transport  # the flow's transport is the service to kill
+        self.hold_fault(KillBroker(service).on(type(self).endpoints), 0.0)
 
     # -- the verdict ---------------------------------------------------------------------------
     def judge(self, result: RunResult) -> str | None:
