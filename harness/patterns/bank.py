@@ -43,7 +43,7 @@ POINTS = ("bank_before_transfer", "bank_after_transfer")
 # deposit was credited, and the account's balance against the deposits' amounts counted once.
 DEPOSIT_EFFECT_SQL = "SELECT op_id, credited / amount AS applied FROM deposits"
 BALANCE_SQL = (
-    "SELECT (SELECT balance FROM accounts WHERE id = 'main') AS actual, "
+    "SELECT coalesce((SELECT balance FROM accounts WHERE id = 'main'), 0) AS actual, "
     "(SELECT coalesce(sum(amount), 0) FROM deposits)::bigint AS expected"
 )
 BALANCE_LABEL = "accounts.balance of main"
@@ -159,7 +159,14 @@ def main(ctx: ProcessContext) -> None:
 
 
 def _credit(ctx: HandlerContext, amount: int) -> None:
-    ctx.db.execute(text("UPDATE accounts SET balance = balance + :a WHERE id = 'main'"), {"a": amount})
+    # one row for the account whatever it was credited: the run's reset empties every table
+    ctx.db.execute(
+        text(
+            "INSERT INTO accounts (id, balance) VALUES ('main', :a) "
+            "ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance"
+        ),
+        {"a": amount},
+    )
     ctx.record(Kind.EFFECT, table="deposits", amount=amount)
 
 

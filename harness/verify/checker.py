@@ -41,6 +41,7 @@ from harness.verify.model import (
     FlowContract,
     Pred,
     judged_rules,
+    summed,
 )
 from harness.verify.verdict import Verdict
 
@@ -70,8 +71,10 @@ def to_arrow(pred: Pred) -> pc.Expression:
     return out
 
 
-def summarize(events: pa.Table) -> pa.Table:
-    """Group events by ``op``: each COUNTS kind counted, FIRST_TS minima, the span; one row per op."""
+def summarize(events: pa.Table, contract: FlowContract | None = None) -> pa.Table:
+    """Group events by ``op``: each COUNTS kind counted, SUMS summed (those ``model.summed`` names for
+    ``contract``, the others 0), FIRST_TS minima, the span; one row per op."""
+    computed = summed(contract or FlowContract())
     with_op = events.filter(pc.is_valid(events["op"]))
     kind, ts = with_op["kind"], with_op["ts_ns"]
     cols: dict[str, Any] = {"op": with_op["op"]}
@@ -81,7 +84,8 @@ def summarize(events: pa.Table) -> pa.Table:
         late = pc.fill_null(pc.and_(pc.equal(kind, str(k)), pc.greater(with_op["attempt"], above)), False)
         cols[name] = pc.cast(late, pa.int64())
     for name, (k, key) in SUMS.items():
-        cols[name] = pa.array(_detail_ints(with_op, kind, k, key), pa.int64())
+        values = _detail_ints(with_op, kind, k, key) if name in computed else np.zeros(with_op.num_rows, np.int64)
+        cols[name] = pa.array(values, pa.int64())
     for name, k in FIRST_TS.items():
         cols[name] = pc.if_else(pc.equal(kind, str(k)), ts, None)
     in_span = pc.invert(pc.is_in(kind, value_set=pa.array(sorted(str(k) for k in SPAN_EXCLUDED))))
@@ -251,7 +255,7 @@ def check_table(
     """Return the verdict for a ledger table, judging the classes ``model.judged_rules`` allows."""
     started = time.perf_counter()
     windows, unmatched = pair_fault_windows(_fault_rows(events))
-    summary = summarize(events)
+    summary = summarize(events, contract)
     if contract.per_key:
         summary = _with_per_key(summary, events)
     judged = judged_rules(contract, snapshot=snapshot, intact=intact)

@@ -33,6 +33,7 @@ __all__ = ["Declaration", "check", "declarations", "snapshot"]
 
 # Postgres type OIDs a count or an amount may come back as: smallint, integer, bigint, numeric.
 INTEGER_TYPES = frozenset({21, 23, 20, 1700})
+STATEMENT_TIMEOUT_MS = 60_000
 SUSPECTS_SHOWN = 10  # op ids a broken global invariant names per list; the counts stay exact
 
 
@@ -66,6 +67,8 @@ def _run(engine: Engine, decl: Declaration, submitted: int) -> tuple[list[str], 
         trans = conn.begin()
         try:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            # a declaration waiting on a lock a stuck worker holds must not hang the run's close
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
             result = conn.execute(sa.text(decl.sql), {"submitted": submitted})
             if not result.returns_rows:
                 raise ConfigError(
@@ -89,6 +92,8 @@ def _run(engine: Engine, decl: Declaration, submitted: int) -> tuple[list[str], 
 def _fix(reason: str) -> str:
     if "does not exist" in reason:
         return "name tables and columns of the scenario's schema (the DDL applied before the run), or add them to it"
+    if "statement timeout" in reason:
+        return f"the query ran over {STATEMENT_TIMEOUT_MS // 1000} s: index the columns it joins or groups on"
     if "read-only transaction" in reason:
         return "a declaration only reads the final state: use SELECT, never INSERT, UPDATE, DELETE or DDL"
     return "fix the SQL so it runs on the scenario's schema (try it in psql on an empty copy first)"

@@ -43,6 +43,16 @@ COUNTS: dict[str, Kind] = {
 # tables say the operation was applied; ops the query does not return were applied 0 times.
 SUMS: dict[str, tuple[Kind, str]] = {"applied": (Kind.RESIDUE_DECLARED, "applied")}
 
+
+def summed(contract: FlowContract) -> frozenset[str]:
+    """Return the ``SUMS`` columns an engine computes for ``contract``; the others are 0.
+
+    Only a declared effect gives ``applied`` a meaning, and parsing ``detail`` is the costly part
+    of a summary: a contract that declares none skips it in both engines alike.
+    """
+    return frozenset({"applied"} if contract.effect_sql else ())
+
+
 # Summary column -> (kind, n): events of that kind whose ``attempt`` is above n. A redelivery is
 # a delivery attempt after the first of the same stage; ``deliveries`` counts every stage's.
 ATTEMPT_COUNTS: dict[str, tuple[Kind, int]] = {"redeliveries": (Kind.DELIVER, 1)}

@@ -59,6 +59,7 @@ from harness.verify.model import (
     FlowContract,
     Pred,
     judged_rules,
+    summed,
 )
 from harness.verify.verdict import Verdict, Witness
 
@@ -298,8 +299,12 @@ def per_key_counts(events: DataFrame) -> DataFrame:
     )
 
 
-def op_measures() -> dict[str, Column]:
-    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too)."""
+def op_measures(contract: FlowContract) -> dict[str, Column]:
+    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too).
+
+    The ``SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0, as in the other engine.
+    """
+    computed = summed(contract)
     ts = F.col("ts_ns")
     in_span = ~is_kind(*sorted(SPAN_EXCLUDED))
     # a sum of ints is a long in Spark: no cast needed (and a cast would not take a window)
@@ -309,13 +314,10 @@ def op_measures() -> dict[str, Column]:
         n: F.sum(F.when(is_kind(k) & (F.col("attempt") > above), 1).otherwise(0))
         for n, (k, above) in ATTEMPT_COUNTS.items()
     }
-    measures |= {
+    for n, (k, key) in SUMS.items():
         # a missing field is 0, as in the in-process engine; only that kind's rows parse their detail
-        n: F.sum(
-            F.when(is_kind(k), F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))).otherwise(0)
-        )
-        for n, (k, key) in SUMS.items()
-    }
+        value = F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))
+        measures[n] = F.sum(F.when(is_kind(k), value).otherwise(0)) if n in computed else F.max(F.lit(0).cast("long"))
     measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in FIRST_TS.items()}
     return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
 
@@ -324,7 +326,7 @@ def summarize(
     events: DataFrame, contract: FlowContract, *, snapshot: bool = True, intact: bool = True
 ) -> tuple[DataFrame, dict[str, str]]:
     """Return the operation summary with one 0/1 flag column per judged class, and class -> flag column."""
-    aggs = [m.alias(n) for n, m in op_measures().items()]
+    aggs = [m.alias(n) for n, m in op_measures(contract).items()]
     summary = events.where(F.col("op_id").isNotNull()).groupBy(*KEYS).agg(*aggs)
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(PER_KEY_COLUMNS))
@@ -400,7 +402,7 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
 WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
 
 
-def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+def _witness_chains(events: DataFrame, ids: list[int], contract: FlowContract) -> dict[int, list[dict[str, Any]]]:
     """Return op_id -> the operation's first ``MAX_WITNESS_EVENTS`` events, each with its summary counts.
 
     The counts are window aggregates over all of the operation's events (the chain may be cut), so
@@ -411,7 +413,7 @@ def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[st
     chosen = events.where(F.col("op_id").isin(ids))
     order = Window.partitionBy("op_id").orderBy("ts_ns", "src", "seq")
     whole = order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    measures = op_measures()
+    measures = op_measures(contract)
     counted = [measures[n].over(whole).alias(f"_{n}") for n in WITNESS_COLUMNS]
     rows = chosen.select(*COLUMNS, "op_id", F.row_number().over(order).alias("_n"), *counted)
     chains: dict[int, list[dict[str, Any]]] = {}
@@ -420,9 +422,11 @@ def _witness_chains(events: DataFrame, ids: list[int]) -> dict[int, list[dict[st
     return chains
 
 
-def _witnesses(events: DataFrame, rows_all: list[dict[str, Any]], windows: list[FaultWindow]) -> tuple[Witness, ...]:
+def _witnesses(
+    events: DataFrame, rows_all: list[dict[str, Any]], windows: list[FaultWindow], contract: FlowContract
+) -> tuple[Witness, ...]:
     pairs = _witness_ids(rows_all)
-    chains = _witness_chains(events, sorted({op_id for _, op_id in pairs}))
+    chains = _witness_chains(events, sorted({op_id for _, op_id in pairs}), contract)
     flagged, by_op = [], {}
     for cls, op_id in pairs:
         first = chains[op_id][0]
@@ -526,7 +530,7 @@ def check_events(
         rows = _aggregate(summary, flags, windows)
         agg = _combine(rows, flags, writers)
         lap("summary_s")
-        witnesses = _witnesses(events, rows, windows)
+        witnesses = _witnesses(events, rows, windows, contract)
         lap("chains_s")
         return agg, witnesses, windows, unmatched
     finally:

@@ -39,8 +39,6 @@ CONTRACT = FlowContract(expects_downstream=False, effect_sql=bank.DEPOSIT_EFFECT
 def engine(txchaos_stack: Endpoints, txchaos_reset: Resetter) -> Iterator[sa.Engine]:
     eng = db.engine(txchaos_stack.postgres_url)
     db.apply_schema(eng, "deposits")
-    with eng.begin() as conn:  # the reset empties the tables; the account row is the schema's seed
-        conn.execute(sa.text("INSERT INTO accounts (id, balance) VALUES ('main', 0) ON CONFLICT (id) DO NOTHING"))
     yield eng
     eng.dispose()
 
