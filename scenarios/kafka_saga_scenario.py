@@ -44,13 +44,17 @@ from typing import Any
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.verify.model import FlowContract
+from harness.patterns.kafka_saga import SAGA_NET_LABEL, SAGA_NET_SQL
+from harness.verify.model import FlowContract, Invariant
 
 NAME = "kafka_saga"
 SAGAS = 6
 BACKOFF_MS = 100
 ATTEMPTS = 3
 CONTRACT = FlowContract(expects_downstream=False, max_deliveries=None)
+# The saga's promise declared (issue 15): a completed saga charged once, a compensated one nets zero.
+NET_ZERO = Invariant("saga-net", SAGA_NET_SQL, scope="op", label=SAGA_NET_LABEL)
+DECLARED = FlowContract(expects_downstream=False, max_deliveries=None, invariants=(NET_ZERO,))
 
 
 def hit(seed: int) -> int:
@@ -64,7 +68,13 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     crash = (Crash("after_db_commit", op_index=n, worker="payment"),)
     orchestrator_crash = (Crash("after_db_commit", op_index=n, worker="orchestrator"),)
 
-    def spec(variant: str, expect: set[str], crashes: tuple[Crash, ...] = (), **saga: object) -> ScenarioSpec:
+    def spec(
+        variant: str,
+        expect: set[str],
+        crashes: tuple[Crash, ...] = (),
+        contract: FlowContract = CONTRACT,
+        **saga: object,
+    ) -> ScenarioSpec:
         return ScenarioSpec(
             name=NAME,
             variant=variant,
@@ -84,7 +94,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
             messages=SAGAS,
             seed=seed,
             timeout_s=60,
-            contract=CONTRACT,
+            contract=contract,
             expect=frozenset(expect),
         )
 
@@ -107,6 +117,10 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         "orchestrator-naive": spec("orchestrator-naive", {"stuck"}, orchestrator_crash, resend=False),
         "dlt": spec("dlt", set(), flaky_seat=[n]),
         "dlt-unwatched": spec("dlt-unwatched", {"stuck"}, flaky_seat=[n], dlt_replies=False),
+        # marked compensated without the refund: every row once, every saga final; only the
+        # declared net-zero invariant sees the money kept (needs the run layer's declared calls)
+        "no-refund": spec("no-refund", {"invariant-broken"}, contract=DECLARED, refuse_seat=[n], compensate=False),
+        "refund-declared": spec("refund-declared", set(), contract=DECLARED, refuse_seat=[n]),
     }
 
 
@@ -124,6 +138,7 @@ NAMED = {
     "txn-only": {"duplicate-effect": ".pay"},
     "dlt-unwatched": {"stuck": ""},
     "orchestrator-naive": {"stuck": ""},
+    "no-refund": {"invariant-broken": ""},
 }
 # variant -> the hit saga's final state
 FINAL = {
@@ -132,6 +147,8 @@ FINAL = {
     "fixed": "completed",
     "orchestrator-crash": "completed",
     "dlt": "compensated",
+    "no-refund": "compensated",
+    "refund-declared": "compensated",
 }
 
 
@@ -158,6 +175,11 @@ def test_saga(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def
         assert (effects[f"{op}.pay"], effects[f"{op}.seat"]) == (1, 1), effects
     if variant in FINAL:
         assert outcome[saga] == FINAL[variant], outcome
+    if variant == "no-refund":  # the cover-up: paid once, seat refused once, never refunded
+        assert (effects[f"{saga}.pay"], effects[f"{saga}.seat"], effects[f"{saga}.refund"]) == (1, 1, 0), effects
+        (said,) = verdict.broken_promises()
+        assert said.startswith("invariant-broken: net payment of the saga = "), said
+        assert said.endswith(f", expected 0 for op {saga}"), said
     if variant == "refused":  # the semantic error: the seat refused once, the payment refunded once
         assert (effects[f"{saga}.pay"], effects[f"{saga}.seat"], effects[f"{saga}.refund"]) == (1, 1, 1), effects
     if variant in ("dlt", "dlt-unwatched"):
