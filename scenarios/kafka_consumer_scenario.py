@@ -14,6 +14,14 @@ partition moves to its restarted self once the dead member's session times out (
   order's DB work (``after_poll``) -> lost: that order and the rest of its batch
 - ``inbox-offset`` / ``inbox-event``: manual offset store, an inbox keyed by the record's
   (topic, partition, offset) or by its event id, killed in both windows -> clean
+- ``one-output``: ``inbox-event`` on a flow that promises one output per order
+  (``FlowContract(exactly_once_output=True)``), the event produced after each DB commit, killed
+  before the offset commit: the re-polled batch skips its effects but emits its events again
+  -> duplicate-output on the batch's orders whose first event had left the producer before the
+  kill (the others' were still queued in it and died with it); by rows it is clean, a second
+  event being only a statistic
+- ``one-output-txn``: the same promise, the events produced in a Kafka transaction with the
+  offsets (read ``read_committed``): the killed batch's events are aborted -> clean
 
 Run it: ``txchaos run kafka_consumer[:VARIANT] --seed N`` or ``pytest scenarios/``.
 """
@@ -27,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Crash, ScenarioSpec
+from harness import Crash, FlowContract, ScenarioSpec
 
 NAME = "kafka_consumer"
 MESSAGES = 20
@@ -54,6 +62,8 @@ def expected_ops(variant: str, seed: int) -> set[int]:
     batch = batch_of(first)
     if variant == "naive":
         return set(batch)
+    if variant == "one-output":  # at most these: see the module docstring
+        return set(batch)
     if variant == "naive-mid-batch":
         return set(range(batch.start, first + 1))
     if variant == "auto-store":
@@ -67,7 +77,12 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     manual = {"batch_size": BATCH, "partitions": 1}
 
     def spec(
-        variant: str, handler: str, options: dict[str, object], crashes: tuple[Crash, ...], expect: set[str]
+        variant: str,
+        handler: str,
+        options: dict[str, object],
+        crashes: tuple[Crash, ...],
+        expect: set[str],
+        contract: FlowContract | None = None,
     ) -> ScenarioSpec:
         return ScenarioSpec(
             name=NAME,
@@ -82,10 +97,12 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
             seed=seed,
             timeout_s=60,
             expect=frozenset(expect),
+            contract=contract or FlowContract(),
         )
 
     both = (Crash("before_offset_commit", op_index=first), Crash("after_poll", op_index=second))
     auto = {**manual, "offset_store": "auto", "commit": "record"}
+    one_output = FlowContract(exactly_once_output=True)
     return {
         "naive": spec("naive", "naive", manual, both[:1], {"duplicate-effect"}),
         "naive-mid-batch": spec(
@@ -94,6 +111,10 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         "auto-store": spec("auto-store", "naive", auto, (Crash("after_poll", op_index=first),), {"lost"}),
         "inbox-offset": spec("inbox-offset", "inbox_offset", manual, both, set()),
         "inbox-event": spec("inbox-event", "inbox_event", manual, both, set()),
+        "one-output": spec("one-output", "inbox_event", manual, both[:1], {"duplicate-output"}, one_output),
+        "one-output-txn": spec(
+            "one-output-txn", "inbox_event", {**manual, "commit": "transaction"}, both[:1], set(), one_output
+        ),
     }
 
 
@@ -122,6 +143,11 @@ def test_consumer_crash_windows(txchaos_run, variant: str) -> None:  # type: ign
     first, _ = crashed_op_indexes(seed)
     assert crashed_batch(result.run_dir) == [op(i) for i in batch_of(first)]
     named = {op(i) for i in expected_ops(variant, seed)}
+    if variant == "one-output":  # the batch's events that had left the producer before the kill
+        assert set(verdict.found()) == {"duplicate-output"}, verdict.headline()
+        assert verdict.ops("duplicate-output") <= named, verdict.headline()
+        assert verdict.stats["duplicate_downstream_deliveries"] == verdict.anomalies["duplicate-output"]
+        return
     assert verdict.found() == ({next(iter(spec.expect)): len(named)} if spec.expect else {}), verdict.headline()
     for anomaly in spec.expect:
         assert verdict.ops(anomaly) == named, verdict.headline()
