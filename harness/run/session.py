@@ -36,6 +36,7 @@ from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.run.supervisor import WorkerPool
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
+from harness.verify import declared
 from harness.verify.checker import check_run
 from harness.verify.verdict import Verdict
 from harness.worker.crash import CrashArm, write_arms
@@ -72,6 +73,7 @@ def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> 
     """Give the run a clean stack: its schema applied, every table empty, no toxic left."""
     engine = db.engine(endpoints.postgres_url)
     db.apply_schema(engine, spec.schema)
+    declared.check(engine, spec.contract)  # the team's effect queries and invariants, against the real schema
     db.truncate_all(engine)
     ToxiproxyAdmin(endpoints.toxiproxy_api).reset()
     folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
@@ -205,6 +207,7 @@ class RunSession:
             self._pool.stop()
             self._pool = None
             self._close_books(self._engine)
+            declared.snapshot(self._engine, self.spec.contract, self.ledger, self.ops, step=self.folder.step)
             self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
         finally:
             self._heal()
