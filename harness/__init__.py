@@ -47,6 +47,7 @@ _EXPORTS = {
     "InvariantViolation": "harness.errors",
     "StackError": "harness.errors",
     "TxChaosError": "harness.errors",
+    "IncompleteEvidence": "harness.errors",
     "Endpoints": "harness.stack.base",
     "Endpoint": "harness.stack.base",
     "LocalProvider": "harness.stack.local",
@@ -55,10 +56,12 @@ _EXPORTS = {
     "LedgerWriter": "harness.ledger.writer",
     "read_ledger": "harness.ledger.reader",
     "FlowContract": "harness.verify.model",
+    "Invariant": "harness.verify.model",
     "Verdict": "harness.verify.verdict",
     "Witness": "harness.verify.verdict",
     "check_run": "harness.verify.checker",
     "StageContext": "harness.worker.stage",
+    "HandlerContext": "harness.worker.base",
     "Crash": "harness.run.spec",
     "Stage": "harness.run.spec",
     "Helper": "harness.run.spec",
@@ -89,8 +92,11 @@ __all__ = [
     "FaultWindow",
     "Flow",
     "FlowContract",
+    "HandlerContext",
     "HarnessError",
     "Helper",
+    "IncompleteEvidence",
+    "Invariant",
     "InvariantViolation",
     "KafkaContext",
     "KafkaStageOptions",
@@ -132,7 +138,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from harness.clients.dtm import DtmClient
-    from harness.errors import ConfigError, HarnessError, InvariantViolation, StackError, TxChaosError
+    from harness.errors import (
+        ConfigError,
+        HarnessError,
+        IncompleteEvidence,
+        InvariantViolation,
+        StackError,
+        TxChaosError,
+    )
     from harness.faults import (
         Bandwidth,
         KillBroker,
@@ -162,8 +175,9 @@ if TYPE_CHECKING:
     from harness.stack.local import LocalProvider
     from harness.stack.selection import make_provider
     from harness.verify.checker import check_run
-    from harness.verify.model import FlowContract
+    from harness.verify.model import FlowContract, Invariant
     from harness.verify.verdict import Verdict, Witness
+    from harness.worker.base import HandlerContext
     from harness.worker.kafka_options import KafkaStageOptions
     from harness.worker.kafka_stage import BatchFailed, KafkaContext, batch_handler
     from harness.worker.process import ProcessContext
