@@ -18,7 +18,7 @@ from harness.machines.saga import saga_machine
 from harness.machines.stage import stage_machine
 from harness.patterns import bank, outbox, send_money
 from harness.run.spec import Helper, ScenarioSpec, Stage
-from harness.verify.model import FlowContract
+from harness.verify.model import FlowContract, Invariant
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,13 @@ def _send_money(variant: str, handler: str) -> ScenarioSpec:
         points=points,
         contract=contract,
     )
+
+
+def _deposit(variant: str, handler: str) -> ScenarioSpec:
+    # A double-apply that adds no row: only the declared effect and the balance invariant see it.
+    balance = Invariant("balance", bank.BALANCE_SQL, label=bank.BALANCE_LABEL)
+    contract = FlowContract(effect_sql=bank.DEPOSIT_EFFECT_SQL, invariants=(balance,))
+    return _spec("deposit_machine", variant, f"bank:{handler}", "deposits", "deposits", contract=contract)
 
 
 def _outbox(variant: str, consumer: str) -> ScenarioSpec:
@@ -173,6 +180,12 @@ TARGETS: dict[str, Callable[[], Target]] = {
         _send_money("guarded", "guarded"),
         "duplicate-external-call",
         {"crash_points": ("after_external_call", *send_money.POINTS, "after_db_commit")},
+    ),
+    "deposit": lambda: Target(
+        "deposit whose double-apply adds no row",
+        _deposit("upsert", "deposit_upsert"),
+        _deposit("once", "deposit_once"),
+        "invariant-broken",
     ),
     "outbox": lambda: Target(
         "inbox/outbox relay",
