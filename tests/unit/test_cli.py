@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from tests.unit.fake_endpoints import fake_endpoints
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,26 +72,9 @@ def test_test_command_passes_dash_options_to_pytest() -> None:
 
 def test_printed_endpoints_keep_the_database_password_out(capsys: pytest.CaptureFixture[str]) -> None:
     from harness.cli import _print_endpoints
-    from harness.stack.base import Endpoint, Endpoints
-
-    def ep(proxy: str, port: int) -> Endpoint:
-        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
 
     secret = "s3cret-per-stack"
-    _print_endpoints(
-        Endpoints(
-            provider="local",
-            stack_id="s1",
-            postgres=ep("postgres", 1),
-            stomp=ep("activemq_stomp", 2),
-            kafka=ep("kafka", 3),
-            toxiproxy_api="http://127.0.0.1:8474",
-            db_user="txchaos",
-            db_password=secret,
-            db_name="txchaos",
-            state_dir="/tmp/s1",
-        )
-    )
+    _print_endpoints(fake_endpoints(db_user="txchaos", db_password=secret, db_name="txchaos"))
     out = capsys.readouterr().out
     assert secret not in out
     assert "txchaos:***@127.0.0.1:20001/txchaos" in out

@@ -14,8 +14,9 @@ import pytest
 from harness.errors import ConfigError
 from harness.stack import bootstrap, dtm
 from harness.stack import topology as topo
-from harness.stack.base import Endpoint, Endpoints
+from harness.stack.base import Endpoints
 from harness.stack.local import ServiceRecipe
+from tests.unit.fake_endpoints import fake_endpoints
 
 FIXTURE = dtm.CONFIG.read_text()
 
@@ -77,22 +78,7 @@ def test_bootstrap_builds_the_pinned_release() -> None:
 
 
 def _endpoints() -> Endpoints:
-    def ep(proxy: str, port: int) -> Endpoint:
-        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
-
-    return Endpoints(
-        provider="local",
-        stack_id="s1",
-        postgres=ep("postgres", 1),
-        stomp=ep("activemq_stomp", 2),
-        kafka=ep("kafka", 3),
-        toxiproxy_api="http://127.0.0.1:8474",
-        db_user="u",
-        db_password="p",
-        db_name="d",
-        state_dir="/tmp/s1",
-        dtm=ep("dtm", 4),
-    )
+    return fake_endpoints(dtm=True)
 
 
 def test_endpoints_round_trip_with_dtm() -> None:

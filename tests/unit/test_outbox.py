@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import ConfigError, Crash, Endpoint, Endpoints, Helper, ScenarioSpec, Stage
+from harness import ConfigError, Crash, Endpoints, Helper, ScenarioSpec, Stage
 from harness.patterns.outbox import POINTS, RelayConfig, relay_body
 from harness.run.runner import RunSession
 from harness.run.scenarios import resolve
+from tests.unit.fake_endpoints import fake_endpoints
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 QUEUES = {"worker": "txchaos.r.in", "consumer": "txchaos.r.consumer"}
@@ -72,21 +73,7 @@ def test_spec_accepts_relay_points_only_when_declared() -> None:
 
 
 def _endpoints() -> Endpoints:
-    def ep(proxy: str, port: int) -> Endpoint:
-        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
-
-    return Endpoints(
-        provider="local",
-        stack_id="s1",
-        postgres=ep("postgres", 1),
-        stomp=ep("activemq_stomp", 2),
-        kafka=ep("kafka", 3),
-        toxiproxy_api="http://127.0.0.1:8474",
-        db_user="u",
-        db_password="p",
-        db_name="d",
-        state_dir="/tmp/s1",
-    )
+    return fake_endpoints()
 
 
 def test_helpers_are_told_the_queue_of_every_stage(tmp_path: Path) -> None:

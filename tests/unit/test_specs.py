@@ -9,8 +9,9 @@ import pytest
 
 from harness import ConfigError, Crash, ScenarioSpec
 from harness.run.spec import Helper, Stage
-from harness.stack.base import Endpoint, Endpoints
+from harness.stack.base import Endpoints
 from harness.worker.crash import CrashArm
+from tests.unit.fake_endpoints import fake_endpoints
 
 
 def spec(**kw: object) -> ScenarioSpec:
@@ -155,21 +156,7 @@ def test_lists_become_tuples_so_a_frozen_spec_stays_frozen() -> None:
 
 
 def _endpoints() -> Endpoints:
-    def ep(proxy: str, port: int) -> Endpoint:
-        return Endpoint("127.0.0.1", 20000 + port, proxy, "127.0.0.1", 30000 + port)
-
-    return Endpoints(
-        provider="local",
-        stack_id="s1",
-        postgres=ep("postgres", 1),
-        stomp=ep("activemq_stomp", 2),
-        kafka=ep("kafka", 3),
-        toxiproxy_api="http://127.0.0.1:8474",
-        db_user="u",
-        db_password="p",
-        db_name="d",
-        state_dir="/tmp/s1",
-    )
+    return fake_endpoints()
 
 
 def test_every_spec_names_a_registered_flow_and_an_unknown_one_lists_them() -> None:
