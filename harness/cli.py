@@ -92,7 +92,7 @@ def _stack_alive() -> bool:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from harness.stack.local import stop_detached
+    from harness.stack.local_state import stop_detached
     from harness.stack.selection import current_file, load_current
 
     ep = load_current()

@@ -27,7 +27,8 @@ from harness.errors import ConfigError, HarnessError
 from harness.faults.base import check_name
 from harness.stack import docker
 from harness.stack.base import Endpoints
-from harness.stack.local import ServiceRecipe, readiness, stop_tagged, tagged_pids
+from harness.stack.local import readiness
+from harness.stack.local_state import ServiceRecipe, stop_tagged, tagged_pids
 from harness.stack.procs import Managed, spawn
 
 SERVICES = ("activemq", "kafka", "postgres", "dtm")

@@ -16,7 +16,7 @@ import pytest
 from harness import Endpoints
 from harness.clients import db
 from harness.stack import topology
-from harness.stack.local import tagged_pids
+from harness.stack.local_state import tagged_pids
 from tests.integration.test_no_leaks import tagged
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,8 @@ from harness.faults import (
 )
 from harness.ledger.writer import LedgerWriter
 from harness.stack.base import Endpoints
-from harness.stack.local import LocalProvider, ServiceRecipe, tagged_pids
+from harness.stack.local import LocalProvider
+from harness.stack.local_state import ServiceRecipe, tagged_pids
 from harness.stack.procs import spawn, stop
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from harness.errors import ConfigError
 from harness.stack import bootstrap, dtm
 from harness.stack import topology as topo
 from harness.stack.base import Endpoints
-from harness.stack.local import ServiceRecipe
+from harness.stack.local_state import ServiceRecipe
 from tests.unit.fake_endpoints import fake_endpoints
 
 FIXTURE = dtm.CONFIG.read_text()

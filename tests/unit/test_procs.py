@@ -185,7 +185,7 @@ def test_a_server_spawned_as_another_user_keeps_no_root_group(tmp_path: Path) ->
 def test_a_start_keeps_the_newest_logs_of_stopped_stacks_and_every_live_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.stack import local
+    from harness.stack import local_state as local
 
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "reports"))
     stacks = tmp_path / "reports" / "stacks"
