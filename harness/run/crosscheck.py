@@ -60,9 +60,11 @@ class SparkCrossCheck:
         self.close()
 
     def _spark(self) -> Any:
-        if self._session is None:
-            from harness.verify import spark  # starts a JVM: only when the first run is checked
+        from harness.verify import spark  # starts a JVM: only when the first run is checked
 
+        # Anything else in the process that stopped the session (getOrCreate shares one) must not
+        # turn every later cross-check into a harness failure: start it again.
+        if not spark.session_alive(self._session):
             self._session = spark.spark_session(self.master, driver_memory="1g")
         return self._session
 

@@ -201,6 +201,11 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
     return session
 
 
+def session_alive(session: SparkSession | None) -> bool:
+    """Return True when ``session`` exists and its SparkContext has not been stopped."""
+    return session is not None and getattr(session.sparkContext, "_jsc", None) is not None
+
+
 def driver_jvm_pid(spark: SparkSession) -> int:
     """Return the OS pid of the driver JVM (for its peak memory in /proc/<pid>/status)."""
     jvm: Any = spark.sparkContext._jvm
@@ -554,8 +559,11 @@ def check_run(
         check_master(master)  # a bad master is the user's input: refuse before touching the folder
     evidence = gather(run_dir)  # before the JVM: a damaged compacted ledger is rebuilt, not read
     t0 = time.perf_counter()
-    own = spark is None
-    session = spark or spark_session(master)
+    # A session this process already runs (a pytest session's cross-check) is borrowed, never
+    # stopped: getOrCreate would hand it back anyway, and stopping it would break its owner.
+    active = SparkSession.getActiveSession() if spark is None and master is None else None
+    own = spark is None and not session_alive(active)
+    session = spark or (active if active is not None and not own else spark_session(master))
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:
