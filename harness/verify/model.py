@@ -267,17 +267,9 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
 
 # Kinds written only when the run closes its books (the end-state snapshot). Without them an
 # operation's fate is unknown: it may have been applied, parked or still in flight.
-SNAPSHOT_KINDS: frozenset[Kind] = frozenset(
-    {
-        Kind.RESIDUE_EFFECT,
-        Kind.RESIDUE_QUEUE,
-        Kind.RESIDUE_OUTBOX,
-        Kind.RESIDUE_APPLY,
-        Kind.RESIDUE_ENTITY,
-        Kind.RESIDUE_DECLARED,
-        Kind.RESIDUE_INVARIANT,
-    }
-)
+# Every residue kind but what the sink reads while the run goes on (outputs, dead letters): derived,
+# so a residue kind added to the ledger schema is a snapshot kind without a second list to keep.
+SNAPSHOT_KINDS: frozenset[Kind] = RESIDUE_KINDS - {Kind.DOWNSTREAM, Kind.DEAD_LETTER}
 # Summary columns that count the snapshot (per-key columns are derived from the replica journal).
 SNAPSHOT_COLUMNS: frozenset[str] = frozenset(
     {n for n, k in COUNTS.items() if k in SNAPSHOT_KINDS}
