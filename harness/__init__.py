@@ -48,6 +48,8 @@ _EXPORTS = {
     "StackError": "harness.errors",
     "TxChaosError": "harness.errors",
     "IncompleteEvidence": "harness.errors",
+    "ServiceFailed": "harness.errors",
+    "Service": "harness.run.service",
     "Endpoints": "harness.stack.base",
     "Endpoint": "harness.stack.base",
     "LocalProvider": "harness.stack.local",
@@ -115,6 +117,8 @@ __all__ = [
     "SagaOptions",
     "ScenarioSpec",
     "Schema",
+    "Service",
+    "ServiceFailed",
     "Slicer",
     "SlowClose",
     "StackError",
@@ -143,6 +147,7 @@ if TYPE_CHECKING:
         HarnessError,
         IncompleteEvidence,
         InvariantViolation,
+        ServiceFailed,
         StackError,
         TxChaosError,
     )
@@ -169,6 +174,7 @@ if TYPE_CHECKING:
     from harness.run.dispatch import run_spec as run_scenario
     from harness.run.registry import Flow
     from harness.run.schema import Schema
+    from harness.run.service import Service
     from harness.run.session import RunResult, RunSession
     from harness.run.spec import Crash, FaultWindow, Helper, ScenarioSpec, Stage
     from harness.stack.base import Endpoint, Endpoints

@@ -176,7 +176,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
             if not verdict.clean:
                 worst = 1
-                console.print(f"  replay: txchaos run {spec.name}:{spec.variant} --seed {spec.seed}")
+                target = (
+                    args.scenario.partition(":")[0]
+                    if args.scenario.endswith(".py") or ".py:" in args.scenario
+                    else spec.name
+                )
+                console.print(f"  replay: txchaos run {target}:{spec.variant} --seed {spec.seed}")
     finally:
         if provider is not None:
             provider.stop()

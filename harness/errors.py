@@ -3,6 +3,8 @@
 - ``ConfigError`` (exit 2): the user's input or machine setup is wrong; raised before any service starts.
 - ``HarnessError`` (exit 3): the stack or the harness itself failed; the verdict is unknown.
 - ``InvariantViolation`` (exit 1): the system under test lost or duplicated something.
+- ``ServiceFailed`` (exit 5): a team's service under test ended by itself (no trap, rule or fault
+  explains it): the service failed, which is not an anomaly of the flow.
 - ``IncompleteEvidence`` (exit 4): the run folder does not hold the evidence for a full verdict
   (the run was killed before it closed its books, or its ledger is damaged beyond repair).
 
@@ -66,3 +68,9 @@ class InvariantViolation(TxChaosError):
         if steps:
             replay += "\nsteps:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(steps))
         super().__init__(message + replay)
+
+
+class ServiceFailed(TxChaosError):
+    """The service under test ended by itself during the run: its failure, not a lost or duplicated operation."""
+
+    exit_code = 5

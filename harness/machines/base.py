@@ -115,6 +115,16 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         """Return what is wrong with the closed run (the failure's first lines), or None when it holds."""
         raise NotImplementedError(f"{type(self).__name__} must define judge(result)")
 
+    def any_anomaly(self, result: RunResult) -> str | None:
+        """Return the verdict's headline when it has any anomaly or a duplicate effect was seen meanwhile."""
+        verdict = result.verdict
+        note(f"verdict: {verdict.headline()}")
+        seen = ""
+        if self.first_duplicate is not None:
+            step, ops = self.first_duplicate
+            seen = f"\nduplicate-effect on {ops} already after step {step}"
+        return f"{verdict.headline()}{seen}" if not verdict.clean or seen else None
+
     def remember(self, message: str, result: RunResult) -> None:
         """Keep the first counterexample, for machines whose replay may meet other timing."""
 

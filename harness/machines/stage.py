@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
@@ -132,13 +131,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
     # -- the verdict ---------------------------------------------------------------------------
     def judge(self, result: RunResult) -> str | None:
         """Fail on any anomaly of the verdict, or a duplicate effect seen while the flow ran."""
-        verdict = result.verdict
-        note(f"verdict: {verdict.headline()}")
-        seen = ""
-        if self.first_duplicate is not None:
-            step, ops = self.first_duplicate
-            seen = f"\nduplicate-effect on {ops} already after step {step}"
-        return f"{verdict.headline()}{seen}" if not verdict.clean or seen else None
+        return self.any_anomaly(result)
 
 
 def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[StageMachine]:

@@ -23,7 +23,7 @@ def check_handlers(spec: ScenarioSpec) -> None:
     >>> check_handlers(spec)  # ConfigError: handler 'orders.handlers:naiv': module ... has no 'naiv'
     """
     named = [
-        ("handler", spec.handler),
+        *([("handler", spec.handler)] if spec.handler else []),  # a service scenario has none
         *((f"stage {s.name} handler", s.handler) for s in spec.chain),
         *((f"helper {h.name} handler", h.handler) for h in spec.helpers),
     ]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from harness.errors import ConfigError
 from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
 from harness.patterns.saga_options import SagaOptions
+from harness.traps.base import POINTS as TRAP_POINTS
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 # Optional spec fields; a flow lists those it accepts (``workers`` means more than one).
 OPTIONAL_FIELDS = ("chain", "helpers", "outbox_table", "poison", "workers")
+SERVICE_ACTIONS = ("kill", "freeze", "drop")  # what a trap does to the service instance it fires on
 
 
 @dataclass(frozen=True)
@@ -228,3 +230,38 @@ register(
         check_spec=_dtm,
     )
 )
+
+
+def _service(spec: ScenarioSpec) -> None:
+    """Refuse a service scenario's crash the service cannot reach (its protocols) or a worker name."""
+    service = spec.service
+    if service is None:
+        raise ConfigError(f"{spec.label} names no service", hint="build it with ScenarioSpec.for_service(service, ...)")
+    reachable = service.points()
+    for crash in spec.crashes:
+        if crash.point not in reachable:
+            speaks = ", ".join(sorted(service.protocols())) or "no trapped protocol"
+            raise ConfigError(
+                f"trap point {crash.point!r} is not on a connection of service {service.name} (it speaks {speaks})",
+                hint=f"use one of {', '.join(reachable)}, or give the service the placeholder of that protocol",
+            )
+        if crash.worker is not None:
+            raise ConfigError(
+                f"service crash at {crash.point} names worker {crash.worker!r}",
+                hint="leave worker out: a trap fires on whichever instance reaches it",
+            )
+
+
+for _transport in ("activemq", "kafka"):
+    register(
+        Flow(
+            f"service_{_transport}",
+            _transport,
+            f"harness.run.service_session:{'ActiveMQ' if _transport == 'activemq' else 'Kafka'}ServiceSession",
+            f"a team's own service (any language) on {_transport}, crashed by wire-level traps",
+            points=tuple(TRAP_POINTS),
+            actions=SERVICE_ACTIONS,
+            refusal="a service scenario runs the service's own instances: leave those out",
+            check_spec=_service,
+        )
+    )

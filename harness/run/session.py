@@ -146,6 +146,14 @@ class RunSession:
     def _worker_specs(self) -> list[WorkerSpec]:
         raise NotImplementedError
 
+    def _make_pool(self) -> WorkerPool:
+        """Return the pool of the flow's processes (not started)."""
+        return WorkerPool(self._worker_specs(), self.folder.path, self.ledger)
+
+    def _start_timeout_s(self) -> float:
+        """Return how long the processes may take to be ready."""
+        return 60.0
+
     def _announce_workers(self) -> None:
         """Write the folder steps that say which processes started."""
 
@@ -190,8 +198,8 @@ class RunSession:
         """Start the flow's worker processes (once)."""
         if self._pool is not None:
             return
-        self._pool = WorkerPool(self._worker_specs(), self.folder.path, self.ledger)
-        self._pool.start()
+        self._pool = self._make_pool()
+        self._pool.start(self._start_timeout_s())
         self._announce_workers()
 
     def close(self) -> RunResult:

@@ -57,12 +57,16 @@ class SinkSession(RunSession, Generic[SinkT]):
             if poison or n in self.spec.poison:
                 fields["poison"] = True
             self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_dest)
-            self.transport.send(self.input_dest, json.dumps(fields), key=op, headers={"txchaos-op": op})
+            self.transport.send(self.input_dest, self._body(fields), key=op, headers={"txchaos-op": op})
             self.ops.append(op)
         self.transport.flush()
         self.folder.step(f"submit {count} {'poison ' if poison else ''}operation(s) to {self.input_dest}")
         self.progress(f"submitted {len(self.ops)} operations")
         return new
+
+    def _body(self, fields: dict[str, object]) -> str:
+        """Return the body of the operation ``fields`` describe (``op``, ``n``, ``amount``, ``poison``)."""
+        return json.dumps(fields)
 
     def _all_out(self, pool: WorkerPool, deadline: float) -> None:
         """Let what follows every operation out settle (a replaced worker's redelivery)."""

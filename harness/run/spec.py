@@ -16,6 +16,7 @@ from harness.run.checks import (
 )
 from harness.run.registry import Flow, flow_named
 from harness.run.schema import Schema
+from harness.run.service import Service
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 
 
@@ -175,11 +176,21 @@ class ScenarioSpec:
     # include SagaOptions; a crash names its process in ``worker``), "kafka_cqrs" (entity events
     # into a replica) or "dtm" (a 2-phase message transfer; its crash points are only ``points``).
     broker: str = "activemq"
+    # A team's own service under test (``ScenarioSpec.for_service``): its flow is ``service_<transport>``.
+    service: Service | None = None
 
     def __post_init__(self) -> None:
         check_name("scenario name", self.name)
         check_name("scenario variant", self.variant)
-        check_handler(self.handler)
+        if self.service is None:
+            check_handler(self.handler)
+        elif not isinstance(self.service, Service):
+            raise ConfigError(f"service {self.service!r} is not a Service", hint="pass service=Service(...)")
+        elif self.handler or self.broker != f"service_{self.service.transport}":
+            raise ConfigError(
+                f"{self.label} runs service {self.service.name} with handler={self.handler!r}, broker={self.broker!r}",
+                hint="build a service scenario with ScenarioSpec.for_service(service, ...)",
+            )
         self._check_types()
         names = ["worker", *(s.name for s in self.chain), *(h.name for h in self.helpers)]
         if len(set(names)) != len(names):
@@ -253,6 +264,29 @@ class ScenarioSpec:
         if self.outbox_table is not None:
             requires += [("outbox_table", self.outbox_table, "op_id"), ("outbox_table", self.outbox_table, "sent_at")]
         object.__setattr__(self, "schema", Schema.of(self.schema).requiring(*requires))
+
+    @classmethod
+    def for_service(
+        cls, service: Service, *, variant: str, schema: str | Schema, effect_table: str, **fields: object
+    ) -> ScenarioSpec:
+        """Return the scenario of a team's own ``service`` (its name is the service's unless given).
+
+        >>> ScenarioSpec.for_service(svc, variant="naive", schema="services/orders/schema.sql",
+        ...     effect_table="orders_effects", crashes=(Crash("pg_after_commit", op_index=3),),
+        ...     expect=frozenset({"duplicate-effect"}))
+        """
+        if not isinstance(service, Service):
+            raise ConfigError(f"service {service!r} is not a Service", hint="pass harness.Service(...)")
+        fields.setdefault("name", service.name)
+        return cls(
+            variant=variant,
+            handler="",
+            schema=schema,
+            effect_table=effect_table,
+            broker=f"service_{service.transport}",
+            service=service,
+            **fields,  # type: ignore[arg-type]
+        )
 
     @property
     def flow(self) -> Flow:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
@@ -13,6 +15,16 @@ from harness.ledger.writer import LedgerWriter
 from harness.run.standby import STANDBY
 from harness.stack.procs import Managed, stop
 from harness.worker.spec import WorkerSpec
+
+
+class Supervised(Protocol):
+    """What the pool needs of what it runs: a name (unique in the run) and the stage it serves."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stage(self) -> str: ...
 
 
 class WorkerPool:
@@ -23,7 +35,7 @@ class WorkerPool:
     """
 
     def __init__(
-        self, specs: list[WorkerSpec], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.01
+        self, specs: Sequence[Supervised], run_dir: Path, ledger: LedgerWriter, *, restart_delay: float = 0.01
     ) -> None:
         self.specs = specs
         self.run_dir = run_dir
@@ -45,15 +57,19 @@ class WorkerPool:
             pending = {n for n in pending if not self._ready_path(n).exists()}
             for name in pending:
                 if not self.procs[name].alive() and self.restarts > 3 * len(self.specs):
-                    raise HarnessError(
-                        f"{name} keeps dying before it subscribes", hint=f"read {self.procs[name].log_path}"
-                    )
+                    raise self._failed_start(name, dying=True)
             time.sleep(0.02)
         if pending:
-            raise HarnessError(
-                f"worker(s) {sorted(pending)} did not subscribe in {timeout:.0f}s",
-                hint=f"read the worker logs in {self.run_dir / 'logs'}",
-            )
+            raise self._failed_start(sorted(pending)[0], dying=False, timeout=timeout)
+
+    def _failed_start(self, name: str, *, dying: bool, timeout: float = 0.0) -> Exception:
+        """Return the error for a process that keeps dying (``dying``) or never got ready in ``timeout``."""
+        if dying:
+            return HarnessError(f"{name} keeps dying before it subscribes", hint=f"read {self.procs[name].log_path}")
+        return HarnessError(
+            f"worker(s) [{name!r}] did not subscribe in {timeout:.0f}s",
+            hint=f"read the worker logs in {self.run_dir / 'logs'}",
+        )
 
     def _ready_path(self, name: str) -> Path:
         return self.run_dir / "workers" / f"{name}.ready"
@@ -75,7 +91,8 @@ class WorkerPool:
             time.sleep(0.02)
         return True
 
-    def _spawn(self, spec: WorkerSpec) -> None:
+    def _spawn(self, spec: Supervised) -> None:
+        assert isinstance(spec, WorkerSpec)
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
         self.procs[spec.name] = STANDBY.start_worker(
             spec_path,
@@ -90,13 +107,14 @@ class WorkerPool:
             self._spawn(spec)
         self._ready.set()
         while not self._stopping.is_set():
+            self._tick()
             for spec in self.specs:
                 proc = self.procs[spec.name]
                 code = proc.popen.poll()
                 if code is None or self._stopping.is_set():
                     continue
                 sig = signal.Signals(-code).name if code < 0 else None
-                self.ledger.emit(Kind.WORKER_EXIT, stage=spec.stage, worker=spec.name, returncode=code, signal=sig)
+                self._exited(spec, code, sig)
                 proc.record.unlink(missing_ok=True)
                 self._ready_path(spec.name).unlink(missing_ok=True)
                 time.sleep(self.restart_delay)
@@ -107,6 +125,13 @@ class WorkerPool:
             # At quiescence a graceful stop protects nothing: a message still in flight goes back to
             # the queue either way and is drained as residue. SIGKILL saves ~0.3 s per run.
             stop(proc, timeout=5, sig=signal.SIGKILL)
+
+    def _tick(self) -> None:
+        """Look after the running processes once per monitor round (readiness, say)."""
+
+    def _exited(self, spec: Supervised, code: int, sig: str | None) -> None:
+        """Record that ``spec``'s process ended (it is started again right after)."""
+        self.ledger.emit(Kind.WORKER_EXIT, stage=spec.stage, worker=spec.name, returncode=code, signal=sig)
 
     def stop(self) -> None:
         """Stop every worker (SIGKILL) and wait for the monitor to finish."""

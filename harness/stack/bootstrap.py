@@ -324,7 +324,7 @@ def ensure_toxiproxy(*, verify: bool = False) -> str:
     return str(dest)
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
     """Return an environment whose Go module and build caches live under the txchaos cache."""
     root = cache_root() / "go"
     return dict(
@@ -375,7 +375,7 @@ def ensure_dtm(*, verify: bool = False) -> str:
     go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); the DTM server is built from source")
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
-    env = _go_env()
+    env = go_env()
     _say(f"building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...")
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-build-") as tmp:
         work = Path(tmp)

@@ -205,7 +205,7 @@ def ensure_compose(say: Say = _say) -> str:
     if go is None:
         raise ConfigError("Compose v2 is missing and there is no `go` to build it", hint="install Go 1.24+")
     say(f"building Compose {COMPOSE_VERSION} from the Go module proxy (minutes, once)...")
-    env = bootstrap._go_env()
+    env = bootstrap.go_env()
     out = _run([go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"], "go mod download", env=env)
     module_dir = Path(json.loads(out.stdout)["Dir"])
     dest = plugin_path()

@@ -51,6 +51,7 @@ class Firing:
     conn: int
     ts_ns: int
     action: str
+    where: str = ""  # the label of the proxy it fired on (a service instance)
 
 
 class Session(Protocol):
@@ -68,13 +69,18 @@ PidSource = Callable[[], int]
 
 @dataclass(frozen=True)
 class Kill:
-    """SIGKILL the process (or process group) ``pid()`` names, then drop the connection."""
+    """SIGKILL the process (or process group) ``pid()`` names, then drop the connection.
 
-    pid: PidSource
+    ``pid`` None: the process the proxy it fires on belongs to (``TrapProxy(owner=...)``).
+    """
+
+    pid: PidSource | None = None
     group: bool = False
     name: str = field(default="kill", init=False)
 
     def signal(self, sig: int) -> None:
+        if self.pid is None:
+            raise ValueError("a kill with no pid fired on a proxy with no owner")
         target = self.pid()
         try:
             if self.group:
@@ -89,7 +95,7 @@ class Kill:
 class Freeze:
     """SIGSTOP ``pid()`` and hold the message until ``TrapSet.thaw()`` (SIGCONT, then release)."""
 
-    pid: PidSource
+    pid: PidSource | None = None
     group: bool = False
     name: str = field(default="freeze", init=False)
 
@@ -169,7 +175,7 @@ class TrapSet:
         with self._lock:
             return frozenset(t.op for t in self._armed if t.op is not None)
 
-    def match(self, hit: Hit, conn: int) -> tuple[Trap, Firing] | None:
+    def match(self, hit: Hit, conn: int, where: str = "") -> tuple[Trap, Firing] | None:
         """Count ``hit`` and return the trap it fires (disarmed from now on), or None."""
         with self._lock:
             n = self._hits[hit.point] = self._hits.get(hit.point, 0) + 1
@@ -179,7 +185,7 @@ class TrapSet:
                 if (trap.op is not None and trap.op in hit.ops) or trap.nth == n:
                     self._armed.remove(trap)
                     op = trap.op if trap.op is not None else _one(hit.ops)
-                    firing = Firing(hit.point, op, conn, time.time_ns(), trap.action.name)
+                    firing = Firing(hit.point, op, conn, time.time_ns(), trap.action.name, where)
                     self.firings.append(firing)
                     break
             else:

@@ -21,10 +21,11 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 
 from harness.errors import ConfigError, HarnessError
-from harness.traps.base import Direction, Drop, Freeze, Hit, Kill, OpFinder, Session, TrapSet
+from harness.traps.base import Direction, Drop, Freeze, Hit, Kill, OpFinder, PidSource, Session, TrapSet
 from harness.traps.kafka import KafkaCluster
 from harness.traps.pg import PgSession
 from harness.traps.stomp import StompSession
@@ -50,6 +51,8 @@ class TrapProxy:
         *,
         listen: tuple[str, int] = ("127.0.0.1", 0),
         op_pattern: re.Pattern[bytes] | None = None,
+        owner: PidSource | None = None,
+        label: str = "",
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ConfigError(f"no trap proxy for protocol {protocol!r}", hint=f"use one of {', '.join(PROTOCOLS)}")
@@ -66,6 +69,8 @@ class TrapProxy:
         self._lock = threading.Lock()
         self._cluster: KafkaCluster | None = None
         self._acceptor: threading.Thread | None = None
+        self.owner = owner  # the process a Kill() or Freeze() without a pid acts on
+        self.label = label
 
     @property
     def address(self) -> tuple[str, int]:
@@ -128,10 +133,16 @@ class TrapProxy:
                 continue
             upstream.settimeout(None)
             cid = next(self._ids)
-            conn = _Connection(cid, client, upstream, self._session(), self.traps, self._forget)
+            conn = _Connection(cid, client, upstream, self._session(), self.traps, self._forget, self._bind)
             with self._lock:
                 self._conns[cid] = conn
             conn.start()
+
+    def _bind(self, action: Kill | Freeze | Drop) -> tuple[str, Kill | Freeze | Drop]:
+        """Return this proxy's label and ``action`` aimed at its owner when the action names no process."""
+        if isinstance(action, Kill | Freeze) and action.pid is None and self.owner is not None:
+            action = replace(action, pid=self.owner)
+        return self.label, action
 
     def _forget(self, cid: int) -> None:
         with self._lock:
@@ -149,8 +160,10 @@ class _Connection:
         session: Session,
         traps: TrapSet,
         forget: Callable[[int], None],
+        bind: Callable[[Kill | Freeze | Drop], tuple[str, Kill | Freeze | Drop]],
     ) -> None:
         self.cid = cid
+        self._bind = bind
         self._client = client
         self._upstream = upstream
         self._session = session
@@ -210,10 +223,13 @@ class _Connection:
                 self._forget(self.cid)
 
     def _fire(self, hits: list[Hit]) -> tuple[Hit, Kill | Freeze | Drop] | None:
+        if not hits:
+            return None
+        where, _ = self._bind(Drop())
         for hit in hits:
-            matched = self._traps.match(hit, self.cid)
+            matched = self._traps.match(hit, self.cid, where)
             if matched is not None:
-                return hit, matched[0].action
+                return hit, self._bind(matched[0].action)[1]
         return None
 
 

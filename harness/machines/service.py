@@ -1,0 +1,115 @@
+"""A state machine for a team's own service: submit, arm wire traps, freeze and thaw, kill, slow the network.
+
+Each example is one run of the service scenario (``ServiceSession``): its instances started
+behind their trap relays, tables truncated, toxics removed. The rules act while the service
+runs; the verdict after quiescence (and any duplicate effect seen meanwhile) is judged in
+``teardown``, with the run folder, the seed and the step list, and Hypothesis shrinks a failure
+to a short program. The traps it arms are those the service's protocols reach (``Service.points``):
+
+- ``arm_trap``: submit one operation and fire a trap on it (an op-recognising point), or on the
+  next hit of a point that names no operation (a Kafka offset commit), with ``kill``, ``freeze``
+  (thawed by ``thaw`` or after ``Service.freeze_s``) or ``drop``;
+- ``kill_instance``: SIGKILL an instance at a random moment, as Jepsen's nemesis does;
+- ``slow_network`` / ``heal_network`` on the service's proxies; ``restart_broker`` when enabled.
+
+>>> Machine = service_machine(spec, endpoints)
+>>> run_state_machine_as_test(Machine, settings=profile("ci"))
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from harness.faults import KillBroker
+from harness.machines.base import NetworkMachine, bind
+from harness.run.runner import RunResult
+from harness.run.service_session import ServiceSession
+from harness.run.session import RunSession
+from harness.run.spec import Crash, ScenarioSpec
+from harness.stack.base import Endpoints
+
+# Points whose message names no operation: armed on the next hit instead (see docs/traps.md).
+BY_HIT = ("kafka_before_offset_commit",)
+PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka"}
+
+
+class ServiceMachine(NetworkMachine[ServiceSession]):
+    """Drive ``spec``'s service against ``endpoints`` (class attributes, set by ``service_machine``)."""
+
+    brokers: ClassVar[tuple[str, ...]] = ("service_activemq", "service_kafka")
+    trap_points: ClassVar[tuple[str, ...]] = ()
+    trap_actions: ClassVar[tuple[str, ...]] = ("kill", "freeze", "drop")
+    broker_restarts: ClassVar[bool] = False
+    random_kills: ClassVar[bool] = True
+
+    def open_session(self, spec: ScenarioSpec) -> ServiceSession:
+        session = RunSession(spec, type(self).endpoints)
+        assert isinstance(session, ServiceSession)
+        return session.open()
+
+    # -- rules ---------------------------------------------------------------------------------
+    @rule(n=st.integers(min_value=1, max_value=3))
+    def submit(self, n: int) -> None:
+        self._step(f"submit({n})")
+        self.run.submit(n)
+
+    @rule(data=st.data())
+    def arm_trap(self, data: st.DataObject) -> None:
+        """Submit one operation and fire a trap in the service's commit path while it handles it.
+
+        Arming and submitting are one step, as for stages: a trap with no operation after it does nothing.
+        """
+        cls = type(self)
+        point = data.draw(st.sampled_from(cls.trap_points), label="point")
+        action = data.draw(st.sampled_from(cls.trap_actions), label="action")
+        self._step(f"arm_trap({point!r}, {action!r})")
+        if point in BY_HIT:
+            self.run.arm(Crash(point, nth=self.run.traps.hits(point) + 1, action=action))
+        else:
+            self.run.arm(Crash(point, action=action), op=self.run.op_id(len(self.run.ops)))
+        self.run.submit(1)
+
+    @rule()
+    def thaw(self) -> None:
+        """Continue every frozen instance (a no-op when none is frozen)."""
+        self._step("thaw()")
+        self.run.thaw()
+
+    @precondition(lambda self: type(self).random_kills)
+    @rule(data=st.data())
+    def kill_instance(self, data: st.DataObject) -> None:
+        """SIGKILL an instance wherever it is (between commits or not); it is started again."""
+        number = data.draw(st.integers(0, self.run.service.instances - 1), label="instance")
+        self._step(f"kill_instance({number})")
+        self.run.kill_instance(number)
+
+    @precondition(lambda self: type(self).broker_restarts)
+    @rule()
+    def restart_broker(self) -> None:
+        """kill -9 the service's broker and start it again on its data, while the service runs."""
+        self._step("restart_broker()")
+        self.hold_fault(KillBroker(type(self).spec.flow.transport).on(type(self).endpoints), 0.0)
+
+    # -- the verdict ---------------------------------------------------------------------------
+    def judge(self, result: RunResult) -> str | None:
+        """Fail on any anomaly of the verdict, or a duplicate effect seen while the service ran."""
+        return self.any_anomaly(result)
+
+
+def service_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[ServiceMachine]:
+    """Return a ``ServiceMachine`` subclass bound to ``spec``'s service and ``endpoints``."""
+    service = spec.service
+    points = service.points() if service is not None else ()
+    proxies = tuple(PROXIES[p] for p in sorted(service.protocols())) if service is not None else ()
+    name = f"{spec.name.title().replace('_', '')}{spec.variant.title().replace('-', '')}ServiceMachine"
+    return bind(
+        ServiceMachine,
+        spec,
+        endpoints,
+        name,
+        "bind a txchaos stage with stage_machine; service_machine drives ScenarioSpec.for_service(...) specs",
+        **{"trap_points": points, "network_proxies": proxies, **attrs},
+    )

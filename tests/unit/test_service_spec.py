@@ -1,0 +1,132 @@
+"""A team's service under test as a spec (issue 16): every bad value is refused before anything starts,
+naming the value and the fix; what the service is told is filled from the stack and its trap relays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import ConfigError, Crash, RunSession, ScenarioSpec, Service
+from harness.run.service_build import build_dir, ensure_built, source_hash
+from tests.unit.fake_endpoints import fake_endpoints
+
+STOMP_ENV = {"DATABASE_URL": "{postgres_url}", "STOMP_HOST": "{stomp_host}", "STOMP_PORT": "{stomp_port}"}
+
+
+def svc(**kw: object) -> Service:
+    base: dict[str, object] = {"command": ("{python}", "-c", "print('READY')"), "env": STOMP_ENV}
+    base.update(kw)
+    return Service("orders", **base)  # type: ignore[arg-type]
+
+
+def scenario(service: Service, **kw: object) -> ScenarioSpec:
+    return ScenarioSpec.for_service(service, variant="naive", schema="onepc", effect_table="onepc_effects", **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named", "fix"),
+    [
+        ({"env": {"DB": "{postgres_uri}"}}, "unknown placeholder {postgres_uri}", "{postgres_url}"),
+        ({"command": ("{pyhton}",)}, "unknown placeholder {pyhton}", "{python}"),
+        ({"body": '{{"op": "{opid}"}}'}, "unknown placeholder {opid}", "{op}"),
+        ({"body": '{"op": "{op}"}'}, """has {"op"}, which is not a placeholder""", "'{{'"),
+        ({"transport": "rabbitmq"}, "transport 'rabbitmq'", "transport='kafka'"),
+        ({"ready": "READY("}, "is not a regular expression", "ready='READY'"),
+        ({"instances": 0}, "instances=0 is out of range", "from 1"),
+        ({"command": ()}, "has no command", "command="),
+        ({"command": "java -jar svc.jar"}, "is not a list of arguments", 'command=("program"'),
+        ({"build": ("make",)}, "has a build but no source", "source="),
+        ({"source": "/no/such/folder"}, "is not a folder", "source folder"),
+    ],
+)
+def test_a_bad_service_value_is_refused_naming_it_and_the_fix(kw: dict[str, object], named: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        svc(**kw)
+    assert named in str(err.value)
+    assert err.value.hint is not None
+    assert fix in err.value.hint
+
+
+def test_a_trap_point_the_service_cannot_reach_is_refused_with_the_points_it_can() -> None:
+    # A STOMP and Postgres service has no Kafka connection: an offset-commit trap could never fire.
+    with pytest.raises(ConfigError) as err:
+        scenario(svc(), crashes=(Crash("kafka_before_offset_commit", op_index=1),))
+    assert "'kafka_before_offset_commit' is not on a connection of service orders (it speaks postgres, stomp)" in str(
+        err.value
+    )
+    assert err.value.hint is not None
+    assert "pg_after_commit" in err.value.hint
+    assert "stomp_before_ack" in err.value.hint
+    with pytest.raises(ConfigError, match="unknown crash action 'pause'"):
+        scenario(svc(), crashes=(Crash("pg_after_commit", op_index=1, action="pause"),))
+    with pytest.raises(ConfigError, match="unknown crash point 'after_db_commit'"):
+        scenario(svc(), crashes=(Crash("after_db_commit", op_index=1),))  # a txchaos worker's point, not a trap
+
+
+def test_the_protocols_and_points_come_from_the_placeholders_the_service_uses() -> None:
+    kafka = svc(env={"B": "{kafka_bootstrap}", "G": "{group}"}, transport="kafka")
+    assert kafka.protocols() == {"kafka"}
+    assert set(kafka.points()) == {"kafka_before_offset_commit", "kafka_before_end_txn", "kafka_after_produce"}
+    spec = scenario(svc(), crashes=(Crash("pg_after_commit", op_index=1, action="freeze"),))
+    assert spec.broker == "service_activemq"
+    assert spec.handler == ""
+
+
+def test_a_service_scenario_cannot_be_built_by_hand_with_a_handler() -> None:
+    with pytest.raises(ConfigError, match=r"ScenarioSpec\.for_service"):
+        ScenarioSpec(
+            name="orders",
+            variant="naive",
+            handler="orders.handlers:naive",
+            schema="onepc",
+            effect_table="onepc_effects",
+            broker="service_activemq",
+            service=svc(),
+        )
+
+
+def test_a_command_that_is_not_there_is_refused_before_the_run_exists(tmp_path: Path) -> None:
+    spec = scenario(svc(command=("orders-service-not-installed", "--port", "1")))
+    with pytest.raises(ConfigError) as err:
+        RunSession(spec, fake_endpoints(), runs_root=tmp_path / "runs")  # no stack answers: none is needed
+    assert "command 'orders-service-not-installed' is not found" in str(err.value)
+    assert not (tmp_path / "runs").exists()  # no run folder was made
+
+
+def test_a_failed_build_says_what_failed_with_its_log_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "svc"
+    source.mkdir()
+    (source / "main.go").write_text("package main\n")
+    service = svc(source=source, build=("bash", "-c", "echo 'main.go:1: undefined: kgo'; exit 3"))
+    with pytest.raises(ConfigError) as err:
+        RunSession(scenario(service), fake_endpoints(), runs_root=tmp_path / "runs")
+    assert "building service orders failed (exit 3)" in str(err.value)
+    assert "undefined: kgo" in str(err.value)
+    services = tmp_path / "cache" / "services"
+    assert [p.name.endswith(".build.log") for p in services.iterdir()] == [True]  # the log, no half-built folder
+
+
+def test_a_build_runs_once_per_version_of_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "svc"
+    (source / "node_modules").mkdir(parents=True)
+    (source / "service.py").write_text("print('READY')\n")
+    count = tmp_path / "builds"
+    build = ("bash", "-c", f"echo x >> {count}; cp service.py {{build}}/", "build")
+    service = svc(source=source, build=build, command=("{python}", "{build}/service.py"))
+    first = ensure_built(service)
+    assert first is not None
+    assert (first / "service.py").exists()
+    (source / "node_modules" / "dep.js").write_text("x")  # dependency folders do not change the version
+    assert ensure_built(service) == first
+    assert count.read_text() == "x\n"
+    before = source_hash(source)
+    (source / "service.py").write_text("print('READY', flush=True)\n")
+    assert source_hash(source) != before
+    assert build_dir(service) != first
+    assert ensure_built(service) != first
+    assert count.read_text() == "x\nx\n"
