@@ -20,7 +20,7 @@ from harness.errors import ConfigError
 from harness.patterns.saga_options import PROCESSES as SAGA_PROCESSES
 from harness.patterns.saga_options import SagaOptions
 from harness.traps.base import POINTS as TRAP_POINTS
-from harness.worker.crash import ACTIONS, STAGE_POINTS
+from harness.worker.crash import ACTIONS, STAGE_POINTS, TRAP_ACTIONS
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # Optional spec fields; a flow lists those it accepts (``workers`` means more than one).
 OPTIONAL_FIELDS = ("chain", "helpers", "outbox_table", "poison", "workers")
-SERVICE_ACTIONS = ("kill", "freeze", "drop")  # what a trap does to the service instance it fires on
+SERVICE_ACTIONS = TRAP_ACTIONS  # what a trap does to the service instance it fires on
 
 
 @dataclass(frozen=True)

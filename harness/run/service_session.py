@@ -182,7 +182,7 @@ class ServiceSession(SinkSession[Any]):
         )
         self.folder.step(f"trap {firing.point} fired on op {firing.op} in {firing.where}: {firing.action}")
         pool = self._pool
-        if isinstance(pool, ServicePool) and firing.action == "kill":
+        if isinstance(pool, ServicePool) and firing.action in ("kill", "drop"):  # a dropped link may end it too
             pool.expect_exit(firing.where)
         if firing.action == "freeze":
             timer = threading.Timer(self.service.freeze_s, self.thaw)

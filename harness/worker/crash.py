@@ -28,6 +28,8 @@ from harness.ledger.writer import LedgerWriter
 STAGE_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit", "after_external_call")
 REDELIVERY_ACTIONS = ("nack", "abort_unsubscribe", "disconnect")
 ACTIONS = ("kill", *REDELIVERY_ACTIONS)
+# What a wire trap does to the service instance it fires on (harness.traps; a service flow's arms).
+TRAP_ACTIONS = ("kill", "freeze", "drop")
 
 
 class ForcedRedelivery(Exception):
@@ -54,8 +56,9 @@ class CrashArm:
     action: str = "kill"
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ConfigError(f"unknown crash arm action {self.action!r}", hint=f"use one of {', '.join(ACTIONS)}")
+        if self.action not in (*ACTIONS, *TRAP_ACTIONS):
+            known = ", ".join(dict.fromkeys((*ACTIONS, *TRAP_ACTIONS)))
+            raise ConfigError(f"unknown crash arm action {self.action!r}", hint=f"use one of {known}")
         if not self.point or not self.point.replace("_", "").isalnum():
             raise ConfigError(f"bad crash point name {self.point!r}", hint=f"use one of {', '.join(STAGE_POINTS)}")
         if self.nth is not None and self.nth < 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -21,6 +22,7 @@ from harness.run.scenarios import resolve
 from harness.run.spec import ScenarioSpec
 
 MESSAGES = 4
+SERVICES = Path(__file__).resolve().parents[2] / "examples" / "services" / "services_scenario.py"
 # Flow name -> the built-in scenario variant its smoke example is made from.
 SMOKE = {
     "activemq": "onepc_crash_gap:naive",
@@ -28,6 +30,9 @@ SMOKE = {
     "kafka_saga": "kafka_saga:naive",
     "kafka_cqrs": "kafka_cqrs:versioned",
     "dtm": "dtm_transfer:after-commit",
+    # A team's own service (examples/services): the Python STOMP one, the Go Kafka one.
+    "service_activemq": f"{SERVICES}:py-naive",
+    "service_kafka": f"{SERVICES}:go-naive",
 }
 MARKS = {"activemq": pytest.mark.activemq, "kafka": pytest.mark.kafka, "http": pytest.mark.dtm}
 PAIRS = [pytest.param(f.name, f.transport, marks=MARKS[f.transport], id=f"{f.name}-{f.transport}") for f in flows()]

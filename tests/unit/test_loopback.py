@@ -11,7 +11,7 @@ from harness.stack.local import PG_HBA
 
 
 def _svr_go() -> Path:
-    root = Path(bootstrap._go_env()["GOMODCACHE"])
+    root = Path(bootstrap.go_env()["GOMODCACHE"])
     return root / f"{bootstrap.DTM_MODULE}@{bootstrap.DTM_VERSION}" / "dtmsvr" / "svr.go"
 
 
