@@ -379,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
-        "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput)",
+        "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput), `traps` "
+        "(wire traps), `services` (services under test: traps in the window, clean path, search)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps"))
+    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 

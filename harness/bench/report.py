@@ -1,9 +1,15 @@
-"""Record benchmark figures in ``docs/benchmarks.md``, one section per benchmark, replaced in place."""
+"""Record benchmark figures in ``docs/benchmarks.md``, one section per benchmark, replaced in place;
+and the stack a benchmark runs on (``bench_stack``)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from harness.stack.base import Endpoints
+from harness.stack.selection import endpoints_from_env
 
 # Developer-only: benchmarks are run from a checkout and write its docs/ (a wheel ships no docs/).
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
@@ -32,3 +38,19 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+@contextmanager
+def bench_stack() -> Iterator[Endpoints]:
+    """Yield the ``txchaos up`` stack ``$TXCHAOS_ENDPOINTS`` names, or a local stack of the benchmark's own."""
+    given = endpoints_from_env()
+    if given is not None:
+        yield given
+        return
+    from harness.stack.local import LocalProvider
+
+    provider = LocalProvider()
+    try:
+        yield provider.start()
+    finally:
+        provider.stop()

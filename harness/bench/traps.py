@@ -30,11 +30,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.bench.report import table, write_section
+from harness.bench.report import bench_stack, table, write_section
 from harness.clients import db
 from harness.errors import ConfigError, HarnessError
 from harness.stack.base import Endpoints
-from harness.stack.selection import endpoints_from_env
 from harness.traps import Kill, Trap, TrapProxy, TrapSet
 
 console = Console(highlight=False, emoji=False, soft_wrap=True)
@@ -203,21 +202,6 @@ def _drop(ep: Endpoints) -> None:
     eng.dispose()
 
 
-@contextmanager
-def _stack() -> Iterator[Endpoints]:
-    given = endpoints_from_env()
-    if given is not None:
-        yield given
-        return
-    from harness.stack.local import LocalProvider
-
-    provider = LocalProvider()
-    try:
-        yield provider.start()
-    finally:
-        provider.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--client"]:
@@ -229,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="armed pg_after_commit traps to count")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
-    with _stack() as ep:
+    with bench_stack() as ep:
         eng = db.engine(ep.postgres_url, autocommit=True)
         with eng.connect() as conn:
             conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {EFFECTS} (op text)")

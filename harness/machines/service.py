@@ -43,7 +43,9 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
     trap_points: ClassVar[tuple[str, ...]] = ()
     trap_actions: ClassVar[tuple[str, ...]] = ("kill", "freeze", "drop")
     broker_restarts: ClassVar[bool] = False
-    random_kills: ClassVar[bool] = True
+    # Off by default: a kill at a random moment makes a counterexample that replays differently
+    # (Hypothesis then cannot shrink it); the traps kill at a named point, the same on every replay.
+    random_kills: ClassVar[bool] = False
 
     def open_session(self, spec: ScenarioSpec) -> ServiceSession:
         session = RunSession(spec, type(self).endpoints)

@@ -6,6 +6,7 @@ import json
 import platform
 import secrets
 import shutil
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ class RunFolder:
     path: Path
     manifest: dict[str, Any] = field(default_factory=dict)
     _log_offsets: dict[str, int] = field(default_factory=dict)
+    # Steps come from the driver and from relay threads (a trap firing): one writer at a time.
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @classmethod
     def create(cls, scenario: str, variant: str, seed: int, root: Path | None = None) -> RunFolder:
@@ -61,9 +64,10 @@ class RunFolder:
         self.save()
 
     def step(self, text: str) -> None:
-        """Record a driver step: the list replays the run."""
-        self.manifest.setdefault("steps", []).append(text)
-        self.save()
+        """Record a driver step: the list replays the run (safe from any thread)."""
+        with self._lock:
+            self.manifest.setdefault("steps", []).append(text)
+            self.save()
 
     def close_books(self) -> None:
         """Record that the run's end-state snapshot (effect table, residue) is in the ledger.
@@ -90,6 +94,7 @@ class RunFolder:
                 shutil.copyfileobj(fh, out)
 
     def save(self) -> None:
-        tmp = self.path / "manifest.json.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
-        tmp.replace(self.path / "manifest.json")
+        with self._lock:
+            tmp = self.path / "manifest.json.tmp"
+            tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
+            tmp.replace(self.path / "manifest.json")

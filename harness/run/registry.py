@@ -239,6 +239,11 @@ def _service(spec: ScenarioSpec) -> None:
         raise ConfigError(f"{spec.label} names no service", hint="build it with ScenarioSpec.for_service(service, ...)")
     reachable = service.points()
     for crash in spec.crashes:
+        if not service.relays:
+            raise ConfigError(
+                f"service {service.name} has relays=False but {spec.label} arms a trap at {crash.point}",
+                hint="a trap fires in a relay: leave relays=True (the default) or drop the crashes",
+            )
         if crash.point not in reachable:
             speaks = ", ".join(sorted(service.protocols())) or "no trapped protocol"
             raise ConfigError(

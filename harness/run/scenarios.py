@@ -27,7 +27,8 @@ def available(directory: Path | None = None) -> list[str]:
     return sorted({p.name.removesuffix(SUFFIX) for d in dirs for p in d.glob(f"*{SUFFIX}")})
 
 
-def _load(path: Path) -> ModuleType:
+def load_file(path: Path) -> ModuleType:
+    """Import the scenario file at ``path`` (a module of its own, under a name made from its stem)."""
     spec = importlib.util.spec_from_file_location(f"txchaos_scenario_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import scenario file {path}")
@@ -48,7 +49,7 @@ def resolve(target: str, seed: int, directory: Path | None = None) -> list[Scena
             f"no scenario {name!r} (looked for {', '.join(map(str, candidates))})",
             hint=f"available: {', '.join(available(directory)) or 'none'}; or pass a scenario file's path",
         )
-    factory: Callable[[int], dict[str, ScenarioSpec]] | None = getattr(_load(path), "variants", None)
+    factory: Callable[[int], dict[str, ScenarioSpec]] | None = getattr(load_file(path), "variants", None)
     if factory is None:
         raise ConfigError(
             f"{path} has no variants(seed) function", hint="define variants(seed) -> {name: ScenarioSpec}"

@@ -110,6 +110,9 @@ class Service:
     source: str | os.PathLike[str] | None = None
     body: str = '{{"op": "{op}", "n": {n}, "amount": {amount}}}'
     freeze_s: float = 5.0
+    # False: the service talks to the stack's Toxiproxy proxies directly, no trap relay in between
+    # (no trap can fire; network faults still apply): the clean path without the traps' cost.
+    relays: bool = True
 
     def __post_init__(self) -> None:
         check_name("service name", self.name)
@@ -121,6 +124,10 @@ class Service:
         check_int(f"service {self.name} instances", self.instances, 1, 16)
         check_seconds(f"service {self.name} ready_timeout_s", self.ready_timeout_s, 0, 600, above_low=True)
         check_seconds(f"service {self.name} freeze_s", self.freeze_s, 0, 600, above_low=True)
+        if not isinstance(self.relays, bool):
+            raise ConfigError(
+                f"service {self.name} relays={self.relays!r} is not True/False", hint="write relays=False"
+            )
         for label, argv in (("command", self.command), ("build", self.build)):
             if not isinstance(argv, tuple | list) or not all(isinstance(a, str) and a for a in argv):
                 raise ConfigError(
@@ -170,8 +177,8 @@ class Service:
         return frozenset(p for n in names if (p := PLACEHOLDERS.get(n)) is not None)
 
     def points(self) -> tuple[str, ...]:
-        """Return the trap points reachable on the service's connections."""
-        protocols = self.protocols()
+        """Return the trap points reachable on the service's connections (none without relays)."""
+        protocols = self.protocols() if self.relays else frozenset()
         return tuple(p for p, proto in TRAP_POINTS.items() if proto in protocols)
 
     def render(self, template: str, values: Mapping[str, str]) -> str:

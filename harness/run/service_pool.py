@@ -59,6 +59,7 @@ class ServicePool(WorkerPool):
         ready: str,
         restart_delay: float = 0.05,
         on_ready: Callable[[str], None] | None = None,
+        frozen: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(instances, run_dir, ledger, restart_delay=restart_delay)
         self.ready = re.compile(ready.encode())
@@ -69,6 +70,7 @@ class ServicePool(WorkerPool):
         self._faulted = 0
         self._lock = threading.Lock()
         self._on_ready = on_ready
+        self._frozen = frozen
 
     # -- what the run tells the pool -----------------------------------------------------------
     def expect_exit(self, name: str) -> None:
@@ -85,6 +87,10 @@ class ServicePool(WorkerPool):
         with self._lock:
             self._faulted = max(0, self._faulted - 1)
             self._excused_until = time.monotonic() + EXCUSE_S
+
+    def serving(self) -> bool:
+        """Return whether every instance is alive, ready and not frozen (a frozen one holds an operation)."""
+        return (self._frozen is None or self._frozen() == 0) and super().serving()
 
     def pid(self, name: str) -> int:
         """Return the process (group) id of instance ``name`` now (a trap's kill target)."""

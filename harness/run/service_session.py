@@ -40,8 +40,15 @@ from harness.traps.base import Drop, Firing, Freeze, Kill, Trap, TrapSet
 from harness.traps.proxy import TrapProxy
 from harness.worker.crash import CrashArm
 
-ACTIONS: dict[str, type[Kill] | type[Freeze] | type[Drop]] = {"kill": Kill, "freeze": Freeze, "drop": Drop}
-assert set(ACTIONS) == set(SERVICE_ACTIONS)
+
+def trap_action(name: str) -> Kill | Freeze | Drop:
+    """Return the action ``name`` (``SERVICE_ACTIONS``) aimed at the instance's whole process group.
+
+    A process group: an instance started by a wrapper (a shell, npm) is stopped or killed whole.
+    """
+    if name not in SERVICE_ACTIONS:
+        raise ConfigError(f"unknown trap action {name!r}", hint=f"use one of {', '.join(SERVICE_ACTIONS)}")
+    return Drop() if name == "drop" else Freeze(group=True) if name == "freeze" else Kill(group=True)
 
 
 def check_command(service: Service, build: Path | None) -> None:
@@ -86,6 +93,7 @@ class ServiceSession(SinkSession[Any]):
         self._proxies: list[TrapProxy] = []
         self._ports: dict[tuple[str, str], tuple[str, int]] = {}
         self._timers: list[threading.Timer] = []
+        self._last_pool: ServicePool | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
     def _provision(self) -> None:
@@ -98,35 +106,43 @@ class ServiceSession(SinkSession[Any]):
         for name in self._names():
             for protocol in sorted(self.service.protocols()):
                 ep = upstream[protocol]
+                if not self.service.relays:
+                    self._ports[(name, protocol)] = (ep.host, ep.port)
+                    continue
                 proxy = TrapProxy(
                     protocol, (ep.host, ep.port), self.traps, owner=self._pid_of(name), label=name
                 ).start()
                 self._proxies.append(proxy)
                 self._ports[(name, protocol)] = proxy.address
-        self.folder.step(
-            f"trap relays for {', '.join(sorted(self.service.protocols())) or 'no protocol'} "
-            f"in front of each of {len(self._names())} instance(s)"
-        )
+        if self.service.relays:
+            self.folder.step(
+                f"trap relays for {', '.join(sorted(self.service.protocols())) or 'no protocol'} "
+                f"in front of each of {len(self._names())} instance(s)"
+            )
 
     def _names(self) -> list[str]:
         return [f"{self.service.name}-{i}" for i in range(self.service.instances)]
 
     def _pid_of(self, name: str) -> Any:
-        return lambda: self._service_pool().pid(name)
+        # The last pool, stopped or not: a thaw while the run heals signals a process already gone.
+        return lambda: self._service_pool(running=False).pid(name)
 
-    def _service_pool(self) -> ServicePool:
-        pool = self._pool
+    def _service_pool(self, *, running: bool = True) -> ServicePool:
+        pool = self._pool if running else self._last_pool
         if not isinstance(pool, ServicePool):
             raise HarnessError("a trap fired with no service running", hint="arm traps after open()")
         return pool
 
     def _make_pool(self) -> WorkerPool:
-        return ServicePool(
+        pool = ServicePool(
             [self._instance(i, name) for i, name in enumerate(self._names())],
             self.folder.path,
             self.ledger,
             ready=self.service.ready,
+            frozen=self.traps.frozen,
         )
+        self._last_pool = pool
+        return pool
 
     def _start_timeout_s(self) -> float:
         return self.service.ready_timeout_s
@@ -167,7 +183,7 @@ class ServiceSession(SinkSession[Any]):
     def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
         """Arm the trap ``crash`` names: on its operation (or ``op``), or on the nth hit of its point."""
         arm = super().arm(crash, op=op)
-        self.traps.arm(Trap(crash.point, ACTIONS[crash.action](), op=arm.op, nth=None if arm.op else crash.nth))
+        self.traps.arm(Trap(crash.point, trap_action(crash.action), op=arm.op, nth=None if arm.op else crash.nth))
         return arm
 
     def _fired(self, firing: Firing) -> None:

@@ -207,13 +207,28 @@ class TrapSet:
         return release
 
     def thaw(self) -> int:
-        """Continue every frozen process and release its held message; return how many."""
+        """Continue every frozen process and release its held message; return how many.
+
+        Every held message is released even when a process cannot be signalled (its pid source
+        fails once the run that owned it is gone): a hold must never outlive its trap set.
+        """
         with self._lock:
             frozen, self._frozen = self._frozen, []
+        failed: Exception | None = None
         for f in frozen:
-            f.action.signal(signal.SIGCONT)
+            try:
+                f.action.signal(signal.SIGCONT)
+            except Exception as exc:
+                failed = failed or exc
             f.release.set()
+        if failed is not None:
+            raise failed
         return len(frozen)
+
+    def frozen(self) -> int:
+        """Return how many processes are frozen now (each holding a message)."""
+        with self._lock:
+            return len(self._frozen)
 
 
 def _one(ops: Iterable[str]) -> str | None:

@@ -93,13 +93,15 @@ class TrapProxy:
         server, self._server = self._server, None
         if server is not None:
             _shut(server)
-        self.traps.thaw()  # a frozen hold must not outlive the proxy
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
-            conn.close()
-        if self._acceptor is not None:
-            self._acceptor.join(timeout=5)
+            conn.close()  # first: a held message released below is then dropped, never delivered late
+        try:
+            self.traps.thaw()  # a frozen hold must not outlive the proxy
+        finally:
+            if self._acceptor is not None:
+                self._acceptor.join(timeout=5)
 
     def connections(self) -> int:
         with self._lock:

@@ -9,18 +9,20 @@ protocols reach, and the trap must have fired (a clean run with no firing proves
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from harness import ConfigError, Crash, ServiceFailed
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
+from harness.machines.profiles import profile
+from harness.machines.service import service_machine
 from harness.run.dispatch import run_spec
+from harness.run.scenarios import load_file
 from harness.run.session import RunResult
 from harness.stack.base import Endpoints
 
@@ -28,18 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.activemq, pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _examples() -> ModuleType:
-    path = ROOT / "examples" / "services" / "services_scenario.py"
-    spec = importlib.util.spec_from_file_location("txchaos_example_services", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-EX = _examples()
+EX = load_file(ROOT / "examples" / "services" / "services_scenario.py")
 
 
 def firings(result: RunResult) -> list[tuple[str, str | None]]:
@@ -130,3 +121,18 @@ def test_a_service_that_dies_by_itself_is_its_failure_not_an_anomaly(txchaos_sta
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "logs" / "dying-0.log").exists()  # the service's output is kept with the run
     assert (run_dir / "verdict.json").exists()  # the books were closed before the failure was raised
+
+
+@pytest.mark.parametrize("name", ["py", "go", "node"])
+def test_the_service_state_machine_finds_each_naive_variant(name: str, txchaos_stack: Endpoints) -> None:
+    # Found, not shrunk: shrinking a service's counterexample costs minutes of real runs; the
+    # benchmark (`txchaos bench services`) times the search and shows the shrunk program.
+    machine = service_machine(EX.scenario(name, "naive", messages=1, timeout_s=20), txchaos_stack)
+    search = settings(profile(), max_examples=40, database=None, phases=[Phase.generate])
+    with pytest.raises(AssertionError) as err:
+        run_state_machine_as_test(machine, settings=search)
+    anomaly = EX.EXAMPLES[name].naive_anomaly
+    assert f"ANOMALIES: {anomaly}=" in str(err.value)
+    assert "seed: " in str(err.value)
+    assert "arm_trap(" in str(err.value)  # the step list replays it
+    assert machine.found_at is not None

@@ -58,6 +58,8 @@ def test_a_trap_point_the_service_cannot_reach_is_refused_with_the_points_it_can
     assert err.value.hint is not None
     assert "pg_after_commit" in err.value.hint
     assert "stomp_before_ack" in err.value.hint
+    with pytest.raises(ConfigError, match="has relays=False but"):
+        scenario(svc(relays=False), crashes=(Crash("pg_after_commit", op_index=1),))
     with pytest.raises(ConfigError, match="unknown crash action 'pause'"):
         scenario(svc(), crashes=(Crash("pg_after_commit", op_index=1, action="pause"),))
     with pytest.raises(ConfigError, match="unknown crash point 'after_db_commit'"):
