@@ -125,6 +125,8 @@ def search(ex: ModuleType, ep: Endpoints, names: list[str], cap: int, shrink: bo
                 error = str(exc)
         found = machine.found_at
         anomaly = ex.EXAMPLES[name].naive_anomaly
+        last = machine.last_result
+        error += "" if last is None else last.verdict.headline()  # the failing example's verdict
         rows.append(
             [
                 f"{ex.EXAMPLES[name].folder} naive",

@@ -18,6 +18,7 @@ to a short program. The traps it arms are those the service's protocols reach (`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -43,11 +44,18 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
     trap_points: ClassVar[tuple[str, ...]] = ()
     trap_actions: ClassVar[tuple[str, ...]] = ("kill", "freeze", "drop")
     broker_restarts: ClassVar[bool] = False
+    # A service restarted by a trap may need a Kafka group rejoin (seconds) per kill: room for a few.
+    timeout_cap_s: ClassVar[float] = 45.0
+    # How long a freeze holds at most in an example (the service's own freeze_s if shorter).
+    freeze_cap_s: ClassVar[float] = 2.0
     # Off by default: a kill at a random moment makes a counterexample that replays differently
     # (Hypothesis then cannot shrink it); the traps kill at a named point, the same on every replay.
     random_kills: ClassVar[bool] = False
 
     def open_session(self, spec: ScenarioSpec) -> ServiceSession:
+        if spec.service is not None:  # frozen instances hold the example up: thaw them sooner
+            service = replace(spec.service, freeze_s=min(spec.service.freeze_s, type(self).freeze_cap_s))
+            spec = replace(spec, service=service)
         session = RunSession(spec, type(self).endpoints)
         assert isinstance(session, ServiceSession)
         return session.open()

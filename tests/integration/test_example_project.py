@@ -86,12 +86,17 @@ def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> Non
     assert set(cases) == {
         "test_naive_handler_places_a_redelivered_order_twice",
         "test_inbox_handler_places_each_order_once",
+        # The team's own consumer process under a wire trap (orders/consumer.py, no txchaos in it).
+        "test_consumer_without_inbox_places_the_order_again",
+        "test_consumer_with_inbox_places_each_order_once",
     }
     assert all(not list(c) for c in cases.values()), proc.stdout[-6000:]  # no failure, error or skip
     # The verdicts themselves, from the plugin's summary (the run folders are under the project).
     assert "orders:naive" in proc.stdout
     assert "duplicate-effect=1 [naive-s0-op00003]" in proc.stdout
     assert "CLEAN" in proc.stdout.split("orders:inbox", 1)[1].splitlines()[0]
+    assert "duplicate-effect=1 [consumer-naive-s0-op00003]" in proc.stdout
+    assert "CLEAN" in proc.stdout.split("orders-consumer:consumer-inbox", 1)[1].splitlines()[0]
     assert list((tmp_path / "reports" / "runs").glob("*-orders-naive-s0-*"))
 
 

@@ -4,6 +4,7 @@
 //   naive: ACK first, then the database transaction, then the output (an op can be lost);
 //   fixed: database transaction with an inbox, then the output, then ACK (at-least-once, deduped).
 const pg = require('pg');
+const net = require('net');
 const stompit = require('stompit');
 
 const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -55,6 +56,9 @@ function connectStomp() {
       host: cfg.stompHost,
       port: cfg.stompPort,
       connectHeaders: { host: '/', 'heart-beat': '0,0' },
+      // Small frames that each wait for a RECEIPT: without TCP_NODELAY every one waits out the
+      // peer's delayed ACK (about 40 ms), and the service manages ~11 messages a second.
+      connect: (opts, onConnect) => net.connect(opts, onConnect).setNoDelay(true),
     };
     stompit.connect(options, (err, client) => {
       if (err) return reject(err);
