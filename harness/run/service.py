@@ -60,6 +60,7 @@ PLACEHOLDERS: dict[str, str | None] = {
 TRANSPORTS = ("activemq", "kafka")
 BODY_FIELDS = ("op", "n", "amount")
 _NOT_UNDER_US = ("node_modules", "target", "__pycache__", ".git")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
 
 
 def fields_of(template: str, label: str) -> list[str]:
@@ -110,6 +111,10 @@ class Service:
     source: str | os.PathLike[str] | None = None
     body: str = '{{"op": "{op}", "n": {n}, "amount": {amount}}}'
     freeze_s: float = 5.0
+    # A local Docker image to run instead of a program: ``command`` is then its arguments. Each
+    # instance is a container on the host's network (the relays listen on 127.0.0.1); a trap kills
+    # or freezes the container's init process, and every container of the run is removed after it.
+    image: str | None = None
     # False: the service talks to the stack's Toxiproxy proxies directly, no trap relay in between
     # (no trap can fire; network faults still apply): the clean path without the traps' cost.
     relays: bool = True
@@ -135,8 +140,15 @@ class Service:
                     hint=f'write {label}=("program", "arg", ...)',
                 )
             object.__setattr__(self, label, tuple(argv))
-        if not self.command:
-            raise ConfigError(f"service {self.name} has no command", hint='give command=("program", "arg", ...)')
+        if self.image is not None and (not isinstance(self.image, str) or not _IMAGE.match(self.image)):
+            raise ConfigError(
+                f"service {self.name} image {self.image!r} is not an image reference",
+                hint="name a local image, e.g. image='orders:latest' (build it with `docker build -t orders:latest .`)",
+            )
+        if not self.command and self.image is None:
+            raise ConfigError(
+                f"service {self.name} has no command", hint='give command=("program", "arg", ...) or image="name:tag"'
+            )
         if not isinstance(self.env, Mapping) or not all(isinstance(k, str) and k for k in self.env):
             raise ConfigError(f"service {self.name} env {self.env!r} is not a mapping", hint="env={'NAME': 'value'}")
         known = tuple(PLACEHOLDERS)

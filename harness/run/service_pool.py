@@ -21,6 +21,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.supervisor import Supervised, WorkerPool
+from harness.stack import containers
 from harness.stack.procs import spawn
 
 EXCUSE_S = 5.0  # an instance that ends this soon after a fault healed may have ended of the fault
@@ -35,6 +36,8 @@ class Instance:
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: Path | None
+    image: str | None = None  # a container of this image, ``argv`` its arguments
+    passed: tuple[str, ...] = ()  # the variables a container gets (the service's env)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class ServicePool(WorkerPool):
         self._lock = threading.Lock()
         self._on_ready = on_ready
         self._frozen = frozen
+        self._containers: dict[str, str] = {}  # instance -> its current container
+        self._spawned = 0
 
     # -- what the run tells the pool -----------------------------------------------------------
     def expect_exit(self, name: str) -> None:
@@ -93,17 +98,35 @@ class ServicePool(WorkerPool):
         return (self._frozen is None or self._frozen() == 0) and super().serving()
 
     def pid(self, name: str) -> int:
-        """Return the process (group) id of instance ``name`` now (a trap's kill target)."""
+        """Return the process (group) id of instance ``name`` now (a trap's kill target).
+
+        For a container: its init process, as the host sees it (``docker run`` while it starts).
+        """
+        container = self._containers.get(name)
+        if container is not None and (pid := containers.init_pid(container)) is not None:
+            return pid
         return self.procs[name].pid
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self._containers:  # stopping `docker run` leaves its container running
+                containers.remove_run(self.run_dir.name)
 
     # -- WorkerPool hooks ----------------------------------------------------------------------
     def _spawn(self, spec: Supervised) -> None:
         assert isinstance(spec, Instance)
         log = self.run_dir / "logs" / f"{spec.name}.log"
         self._offsets[spec.name] = log.stat().st_size if log.exists() else 0
+        argv = spec.argv
+        if spec.image is not None:
+            self._spawned += 1
+            name = self._containers[spec.name] = f"txchaos-{self.run_dir.name}-{spec.name}-{self._spawned}"
+            argv = containers.run_argv(spec.image, spec.argv, spec.passed, name=name, run_id=self.run_dir.name)
         try:
             self.procs[spec.name] = spawn(
-                spec.argv,
+                argv,
                 name=spec.name,
                 tag=f"run/{self.run_dir.name}/{spec.name}",
                 log_path=log,

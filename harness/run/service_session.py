@@ -35,20 +35,22 @@ from harness.run.session import RunResult
 from harness.run.sink_session import SinkSession
 from harness.run.spec import Crash, FaultWindow, ScenarioSpec
 from harness.run.supervisor import WorkerPool
+from harness.stack import containers
 from harness.stack.base import Endpoint, Endpoints
 from harness.traps.base import Drop, Firing, Freeze, Kill, Trap, TrapSet
 from harness.traps.proxy import TrapProxy
 from harness.worker.crash import CrashArm
 
 
-def trap_action(name: str) -> Kill | Freeze | Drop:
+def trap_action(name: str, *, group: bool = True) -> Kill | Freeze | Drop:
     """Return the action ``name`` (``SERVICE_ACTIONS``) aimed at the instance's whole process group.
 
-    A process group: an instance started by a wrapper (a shell, npm) is stopped or killed whole.
+    A process group: an instance started by a wrapper (a shell, npm) is stopped or killed whole. A
+    container's init process (``group=False``) takes the container with it when killed.
     """
     if name not in SERVICE_ACTIONS:
         raise ConfigError(f"unknown trap action {name!r}", hint=f"use one of {', '.join(SERVICE_ACTIONS)}")
-    return Drop() if name == "drop" else Freeze(group=True) if name == "freeze" else Kill(group=True)
+    return Drop() if name == "drop" else Freeze(group=group) if name == "freeze" else Kill(group=group)
 
 
 def check_command(service: Service, build: Path | None) -> None:
@@ -79,7 +81,14 @@ class ServiceSession(SinkSession[Any]):
             raise ConfigError(f"{spec.label} has no service", hint="build it with ScenarioSpec.for_service(...)")
         if "dtm" in {n for v in service.env.values() for n in _names(v)} and endpoints.dtm is None:
             raise ConfigError(f"service {service.name} uses {{dtm_url}}", hint="start a stack with DTM (`txchaos up`)")
-        check_command(service, ensure_built(service))
+        built = ensure_built(service)
+        if service.image is None:
+            check_command(service, built)
+        elif not containers.image_present(service.image):
+            raise ConfigError(
+                f"service {service.name} image {service.image!r} is not in the local Docker engine",
+                hint=f"build it first (`docker build -t {service.image} .`); txchaos pulls nothing",
+            )
         super()._check(spec, endpoints)
 
     def _setup(self) -> None:
@@ -164,7 +173,7 @@ class ServiceSession(SinkSession[Any]):
             values["kafka_bootstrap"] = f"{kafka[0]}:{kafka[1]}"
         env = {**_base_env(), **{k: svc.render(v, values) for k, v in svc.env.items()}}
         argv = tuple(svc.render(a, values) for a in svc.command)
-        return Instance(name, svc.name, argv, env, svc.source_dir)
+        return Instance(name, svc.name, argv, env, svc.source_dir, svc.image, tuple(svc.env))
 
     def _announce_workers(self) -> None:
         svc = self.service
@@ -183,7 +192,8 @@ class ServiceSession(SinkSession[Any]):
     def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
         """Arm the trap ``crash`` names: on its operation (or ``op``), or on the nth hit of its point."""
         arm = super().arm(crash, op=op)
-        self.traps.arm(Trap(crash.point, trap_action(crash.action), op=arm.op, nth=None if arm.op else crash.nth))
+        action = trap_action(crash.action, group=self.service.image is None)
+        self.traps.arm(Trap(crash.point, action, op=arm.op, nth=None if arm.op else crash.nth))
         return arm
 
     def _fired(self, firing: Firing) -> None:
@@ -218,7 +228,7 @@ class ServiceSession(SinkSession[Any]):
         pool = self._service_pool()
         name = self._names()[number]
         pool.expect_exit(name)
-        Kill(lambda: pool.pid(name), group=True).signal(signal.SIGKILL)
+        Kill(lambda: pool.pid(name), group=self.service.image is None).signal(signal.SIGKILL)
         self.ledger.emit(Kind.CRASH, point="kill", stage=self.service.name, worker=name, action="kill")
         self.folder.step(f"kill instance {name}")
 

@@ -226,3 +226,44 @@ def test_flagship_and_a_machine_kafka_and_dtm_scenario_pass_on_docker(tmp_path: 
         module = next(p for p in str(case.get("classname")).split(".") if p.endswith("_scenario"))
         passed[module] = passed.get(module, 0) + 1
     assert set(passed) == {f"{name}_scenario" for name in SCENARIOS}, json.dumps(passed)
+
+
+def test_a_service_image_runs_as_containers_and_a_trap_kills_one(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    # The Go example service's binary in an image of the base, run with image=: each instance a
+    # container on the host's network, killed by a pg_after_commit trap through its init process.
+    from dataclasses import replace
+
+    from harness.run.dispatch import run_spec
+    from harness.run.scenarios import load_file
+    from harness.run.service_build import ensure_built
+    from harness.run.spec import Crash, ScenarioSpec
+    from harness.stack import containers
+
+    ex = load_file(REPO / "examples" / "services" / "services_scenario.py")
+    native = ex.service("go", "naive")
+    built = ensure_built(native)
+    assert built is not None
+    context = tmp_path / "image"
+    context.mkdir()
+    (context / "orders-go").write_bytes((built / "orders-go").read_bytes())
+    (context / "orders-go").chmod(0o755)
+    base = docker_engine.ensure_base()
+    (context / "Dockerfile").write_text(f'FROM {base}\nCOPY orders-go /orders-go\nENTRYPOINT ["/orders-go"]\n')
+    image = "txchaos-test/orders-go:latest"
+    subprocess.run(["docker", "build", "-q", "-t", image, str(context)], check=True, capture_output=True, timeout=300)
+    service = replace(native, image=image, command=("--variant", "naive"), build=(), source=None)
+    spec = ScenarioSpec.for_service(
+        service,
+        variant="image-naive",
+        name="services",
+        schema=ex.scenario("go", "naive").schema,
+        effect_table="go_effects",
+        messages=8,
+        crashes=(Crash("pg_after_commit", op_index=3),),
+        timeout_s=60,
+    )
+    result = run_spec(spec, txchaos_stack, runs_root=tmp_path / "runs")
+    assert result.verdict.found() == {"duplicate-effect": 1}, result.verdict.headline()
+    assert result.verdict.ops("duplicate-effect") == {"image-naive-s0-op00003"}
+    assert any("fired on op image-naive-s0-op00003" in s for s in result.verdict.steps)
+    assert containers.remove_run(result.run_dir.name) == []  # the run removed its containers itself

@@ -38,6 +38,7 @@ def scenario(service: Service, **kw: object) -> ScenarioSpec:
         ({"command": "java -jar svc.jar"}, "is not a list of arguments", 'command=("program"'),
         ({"build": ("make",)}, "has a build but no source", "source="),
         ({"source": "/no/such/folder"}, "is not a folder", "source folder"),
+        ({"image": "Orders Service"}, "is not an image reference", "docker build -t"),
     ],
 )
 def test_a_bad_service_value_is_refused_naming_it_and_the_fix(kw: dict[str, object], named: str, fix: str) -> None:
@@ -73,6 +74,17 @@ def test_the_protocols_and_points_come_from_the_placeholders_the_service_uses() 
     spec = scenario(svc(), crashes=(Crash("pg_after_commit", op_index=1, action="freeze"),))
     assert spec.broker == "service_activemq"
     assert spec.handler == ""
+
+
+def test_an_image_needs_no_command_and_passes_its_environment_by_name_only() -> None:
+    from harness.stack.containers import run_argv
+
+    image = svc(command=(), image="orders:1.2")
+    assert image.command == ()
+    argv = run_argv("orders:1.2", ("--variant", "naive"), image.env, name="c1", run_id="r1")
+    assert argv[:4] == ("docker", "run", "--rm", "--network=host")
+    assert "--env=DATABASE_URL" in argv  # the value (a password) stays out of the process list
+    assert argv[-3:] == ("orders:1.2", "--variant", "naive")
 
 
 def test_a_service_scenario_cannot_be_built_by_hand_with_a_handler() -> None:
