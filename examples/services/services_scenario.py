@@ -25,7 +25,13 @@ from harness import Crash, ScenarioSpec, Schema, Service
 HERE = Path(__file__).resolve().parent
 DB = {"DATABASE_URL": "{postgres_url}"}
 STOMP = {"STOMP_HOST": "{stomp_host}", "STOMP_PORT": "{stomp_port}", "INPUT": "{input}", "OUTPUT": "{output}"}
-KAFKA = {"KAFKA_BOOTSTRAP": "{kafka_bootstrap}", "GROUP": "{group}", "INPUT": "{input}", "OUTPUT": "{output}"}
+KAFKA = {
+    "KAFKA_BOOTSTRAP": "{kafka_bootstrap}",
+    "GROUP": "{group}",
+    "INSTANCE_ID": "orders-{instance}",  # static membership: a restart takes its partitions back at once
+    "INPUT": "{input}",
+    "OUTPUT": "{output}",
+}
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,13 @@ func run(cfg config) error {
 	defer db.Close(context.Background())
 
 	var ready sync.Once
-	cl, err := kgo.NewClient(
+	opts := []kgo.Opt{}
+	// Static membership: a restarted instance with the same INSTANCE_ID takes its partitions
+	// back at once instead of waiting for the killed one's session to expire.
+	if id := os.Getenv("INSTANCE_ID"); id != "" {
+		opts = append(opts, kgo.InstanceID(id))
+	}
+	cl, err := kgo.NewClient(append(opts,
 		kgo.SeedBrokers(cfg.bootstrap),
 		kgo.ConsumerGroup(cfg.group),
 		kgo.ConsumeTopics(cfg.input),
@@ -133,7 +139,7 @@ func run(cfg config) error {
 		}),
 		kgo.DefaultProduceTopic(cfg.output),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("kafka client for %s: %w", cfg.bootstrap, err)
 	}
