@@ -42,7 +42,7 @@ class KafkaSink(SinkBase):
                     with self._lock:
                         self._caught_up_at = now if caught_up else None
                 for rec in records:
-                    op = op_of(rec)
+                    op = self.op_in(rec.headers, rec.value, op_of(rec)) or rec.coord
                     kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
                     detail: dict[str, Any] = {}
                     if "txchaos-error" in rec.headers:

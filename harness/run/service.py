@@ -111,6 +111,9 @@ class Service:
     source: str | os.PathLike[str] | None = None
     body: str = '{{"op": "{op}", "n": {n}, "amount": {amount}}}'
     freeze_s: float = 5.0
+    # Where an output names its operation, as a dotted path into its JSON body ("order.id"); by
+    # default the ``txchaos-op`` header, (Kafka) the record key, or the body's ``op``.
+    output_op: str | None = None
     # A local Docker image to run instead of a program: ``command`` is then its arguments. Each
     # instance is a container on the host's network (the relays listen on 127.0.0.1); a trap kills
     # or freezes the container's init process, and every container of the run is removed after it.
@@ -158,6 +161,11 @@ class Service:
             _check_placeholders(f"service {self.name} env {key}", value, known)
         object.__setattr__(self, "env", dict(self.env))
         _check_placeholders(f"service {self.name} body", self.body, BODY_FIELDS)
+        if self.output_op is not None and (not isinstance(self.output_op, str) or not all(self.output_op.split("."))):
+            raise ConfigError(
+                f"service {self.name} output_op {self.output_op!r} is not a dotted path",
+                hint="name the JSON field of an output that holds the op id, e.g. output_op='order.id'",
+            )
         try:
             re.compile(self.ready)
         except (re.error, TypeError) as exc:

@@ -107,6 +107,8 @@ class ServiceSession(SinkSession[Any]):
     # -- hooks ---------------------------------------------------------------------------------
     def _provision(self) -> None:
         super()._provision()
+        if self._sink is not None and self.service.output_op is not None:
+            self._sink.op_path = tuple(self.service.output_op.split("."))
         upstream: dict[str, Endpoint] = {
             "postgres": self.endpoints.postgres,
             "stomp": self.endpoints.stomp,

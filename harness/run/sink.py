@@ -65,7 +65,7 @@ class Sink(SinkBase):
                 if msg is None:
                     continue
                 queue = subs.get(msg.subscription, "")
-                op = op_of(msg)
+                op = self.op_in(msg.headers, msg.body, op_of(msg))
                 kind = self.queues.get(queue, Kind.DOWNSTREAM)
                 self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
                 client.ack(msg)

@@ -8,6 +8,7 @@ operations came out (``accounted``), how long nothing did (``quiet_s``) and whet
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,9 @@ class SinkBase:
         self.kinds = kinds  # destination -> the event a message read there is
         self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or dead letter)
         self.received = 0
+        # Where an output names its operation when it is not the harness's convention (the
+        # ``txchaos-op`` header, the record key, the body's ``op``): a JSON path into the body.
+        self.op_path: tuple[str, ...] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last = time.monotonic()  # when a message last arrived (or the sink started)
@@ -32,6 +36,12 @@ class SinkBase:
 
     def _run(self) -> None:
         raise NotImplementedError
+
+    def op_in(self, headers: dict[str, str], body: str | bytes | None, default: str | None) -> str | None:
+        """Return the operation an output names: the ``txchaos-op`` header, else the body at ``op_path``."""
+        if self.op_path is None or headers.get("txchaos-op"):
+            return default
+        return json_path(body, self.op_path)
 
     def _saw(self, op: str | None) -> None:
         """Count one message of ``op`` that came out (its event is already in the ledger)."""
@@ -66,3 +76,18 @@ class SinkBase:
         self._stop.set()
         self._thread.join(10)
         self.check()
+
+
+def json_path(body: str | bytes | None, path: tuple[str, ...]) -> str | None:
+    """Return the value at ``path`` (keys, from the top) of a JSON body as text; None when it is not there.
+
+    >>> json_path('{"order": {"id": "op-1"}}', ("order", "id"))
+    'op-1'
+    """
+    try:
+        value: object = json.loads(body or "")
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+    except ValueError:
+        return None
+    return None if value is None or isinstance(value, dict | list) else str(value)

@@ -144,3 +144,16 @@ def test_a_build_runs_once_per_version_of_the_source(tmp_path: Path, monkeypatch
     assert build_dir(service) != first
     assert ensure_built(service) != first
     assert count.read_text() == "x\nx\n"
+
+
+def test_an_output_names_its_operation_where_the_service_says() -> None:
+    from harness.run.sink_base import json_path
+
+    assert json_path('{"order": {"id": "op-7"}, "op": "x"}', ("order", "id")) == "op-7"
+    assert json_path(b'{"order": {"id": 12}}', ("order", "id")) == "12"
+    assert json_path('{"order": {}}', ("order", "id")) is None
+    assert json_path("not json", ("order", "id")) is None
+    assert json_path('{"order": {"id": {"a": 1}}}', ("order", "id")) is None  # an object names no op
+    assert svc(output_op="order.id").output_op == "order.id"
+    with pytest.raises(ConfigError, match="is not a dotted path"):
+        svc(output_op="order..id")

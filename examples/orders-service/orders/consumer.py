@@ -64,7 +64,8 @@ def main() -> int:
             if new:
                 place = "INSERT INTO orders (op_id, amount) VALUES (:op, :amount)"
                 db.execute(text(place), {"op": order["op"], "amount": int(order.get("amount", 1))})
-        conn.send(shipping, json.dumps({"op": order["op"], "event": "order-placed"}), headers={"persistent": "true"})
+        placed = {"event": "order-placed", "order": {"id": order["op"]}}
+        conn.send(shipping, json.dumps(placed), headers={"persistent": "true"})
         conn.ack(frame.headers["ack"])
     print("broker connection lost", file=sys.stderr, flush=True)
     return 1

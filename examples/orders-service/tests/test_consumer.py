@@ -27,6 +27,7 @@ def consumer_spec(variant: str, *args: str, expect: set[str]) -> ScenarioSpec:
             "SHIPPING_QUEUE": "{output}",
         },
         ready="orders consumer ready",
+        output_op="order.id",  # where a shipping message names the order (the harness's op id)
         source=Path(__file__).parents[1],  # the project: the consumer runs from here, so `-m orders.consumer` imports
     )
     return ScenarioSpec.for_service(
