@@ -79,16 +79,21 @@ class ServiceSession(SinkSession[Any]):
         service = spec.service
         if service is None:
             raise ConfigError(f"{spec.label} has no service", hint="build it with ScenarioSpec.for_service(...)")
-        if "dtm" in {n for v in service.env.values() for n in _names(v)} and endpoints.dtm is None:
+        if (
+            "dtm_url" in {n for v in (*service.env.values(), *service.command) for n in _names(v)}
+            and endpoints.dtm is None
+        ):
             raise ConfigError(f"service {service.name} uses {{dtm_url}}", hint="start a stack with DTM (`txchaos up`)")
         built = ensure_built(service)
         if service.image is None:
             check_command(service, built)
-        elif not containers.image_present(service.image):
-            raise ConfigError(
-                f"service {service.name} image {service.image!r} is not in the local Docker engine",
-                hint=f"build it first (`docker build -t {service.image} .`); txchaos pulls nothing",
-            )
+        else:
+            containers.reap_orphans()  # the containers a run killed mid-way left running
+            if not containers.image_present(service.image):
+                raise ConfigError(
+                    f"service {service.name} image {service.image!r} is not in the local Docker engine",
+                    hint=f"build it first (`docker build -t {service.image} .`); txchaos pulls nothing",
+                )
         super()._check(spec, endpoints)
 
     def _setup(self) -> None:

@@ -9,12 +9,15 @@ left. The container's init process, seen from the host, is what a trap kills or 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterable
 
 from harness.errors import ConfigError
+from harness.stack.procs import start_time
 
 RUN_LABEL = "txchaos.run"
+OWNER_LABEL = "txchaos.service-owner"  # "<pid>:<start time>" of the harness process that ran it
 
 
 def image_present(image: str) -> bool:
@@ -37,9 +40,10 @@ def run_argv(image: str, args: tuple[str, ...], env: Iterable[str], *, name: str
     ``docker run`` itself, so no value (a password) shows in the process list.
     """
     flags = [f"--env={k}" for k in env]
+    owner = f"{os.getpid()}:{start_time(os.getpid())}"
     return (
         "docker", "run", "--rm", "--network=host", f"--name={name}", f"--label={RUN_LABEL}={run_id}",
-        *flags, image, *args,
+        f"--label={OWNER_LABEL}={owner}", *flags, image, *args,
     )  # fmt: skip
 
 
@@ -50,6 +54,29 @@ def init_pid(name: str) -> int | None:
     )
     pid = int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
     return pid or None
+
+
+def reap_orphans() -> list[str]:
+    """Remove every service container whose harness process is gone (SIGKILLed mid-run); return their ids.
+
+    ``docker run`` dies with the harness, its container does not: the next run with an image finds it here.
+    """
+    fmt = f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}'
+    found = subprocess.run(
+        ["docker", "ps", "-a", "-q", "--filter", f"label={OWNER_LABEL}", "--format", fmt],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    stale = []
+    for line in found.stdout.splitlines():
+        cid, _, owner = line.partition(" ")
+        pid, _, started = owner.partition(":")
+        if not (pid.isdigit() and str(start_time(int(pid))) == started):
+            stale.append(cid)
+    if stale:
+        subprocess.run(["docker", "rm", "-f", *stale], capture_output=True, text=True, timeout=60)
+    return stale
 
 
 def remove_run(run_id: str) -> list[str]:

@@ -251,6 +251,14 @@ def test_a_service_image_runs_as_containers_and_a_trap_kills_one(txchaos_stack: 
     (context / "Dockerfile").write_text(f'FROM {base}\nCOPY orders-go /orders-go\nENTRYPOINT ["/orders-go"]\n')
     image = "txchaos-test/orders-go:latest"
     subprocess.run(["docker", "build", "-q", "-t", image, str(context)], check=True, capture_output=True, timeout=300)
+    # A container a harness SIGKILLed mid-run left behind (its owner process is gone): reaped at the next start.
+    stale = subprocess.run(
+        ["docker", "run", "-d", f"--label={containers.OWNER_LABEL}=999999999:1", base, "sleep", "300"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     service = replace(native, image=image, command=("--variant", "naive"), build=(), source=None)
     spec = ScenarioSpec.for_service(
         service,
@@ -267,3 +275,5 @@ def test_a_service_image_runs_as_containers_and_a_trap_kills_one(txchaos_stack: 
     assert result.verdict.ops("duplicate-effect") == {"image-naive-s0-op00003"}
     assert any("fired on op image-naive-s0-op00003" in s for s in result.verdict.steps)
     assert containers.remove_run(result.run_dir.name) == []  # the run removed its containers itself
+    gone = subprocess.run(["docker", "ps", "-a", "-q", "--no-trunc"], capture_output=True, text=True, check=True)
+    assert stale not in gone.stdout.split()
