@@ -12,7 +12,8 @@ from harness.stack.base import Endpoints
 from harness.stack.selection import endpoints_from_env
 
 # Developer-only: benchmarks are run from a checkout and write its docs/ (a wheel ships no docs/).
-DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+CHECKOUT = Path(__file__).resolve().parents[2]
+DOC = CHECKOUT / "docs" / "benchmarks.md"
 HEADER = (
     "# Benchmarks\n\nFigures measured on the project's 2-core, 24 GiB machine. "
     "Each section names the command that\nreproduces it.\n"

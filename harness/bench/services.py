@@ -23,14 +23,13 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
-from harness.bench.report import bench_stack, table, write_section
+from harness.bench.report import CHECKOUT, bench_stack, table, write_section
 from harness.clients import db
 from harness.errors import ConfigError
 from harness.ledger.reader import read_ledger
@@ -43,7 +42,7 @@ from harness.run.spec import Crash
 from harness.stack.base import Endpoints
 
 console = Console(highlight=False, emoji=False, soft_wrap=True)
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "services" / "services_scenario.py"
+EXAMPLES = CHECKOUT / "examples" / "services" / "services_scenario.py"
 
 
 def examples() -> ModuleType:
