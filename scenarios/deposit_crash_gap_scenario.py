@@ -27,6 +27,7 @@ import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
 from harness.patterns import bank
+from harness.run.scenario_kit import by_variant, spec_maker
 from harness.verify.model import Invariant
 
 NAME = "deposit_crash_gap"
@@ -44,28 +45,22 @@ def crashed_op_index(seed: int) -> int:
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
-    crash = (Crash("after_db_commit", op_index=crashed_op_index(seed)),)
-
-    def spec(variant: str, handler: str, contract: FlowContract, expect: set[str]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"harness.patterns.bank:{handler}",
-            schema="deposits",
-            effect_table="deposits",
-            crashes=crash,
-            messages=MESSAGES,
-            seed=seed,
-            timeout_s=45,
-            expect=frozenset(expect),
-            contract=contract,
-        )
-
-    return {
-        "upsert-rows-only": spec("upsert-rows-only", "deposit_upsert", FlowContract(), set()),
-        "upsert": spec("upsert", "deposit_upsert", DECLARED, {"duplicate-effect", "invariant-broken"}),
-        "once": spec("once", "deposit_once", DECLARED, set()),
-    }
+    spec = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.bank",
+        schema="deposits",
+        effect_table="deposits",
+        crashes=(Crash("after_db_commit", op_index=crashed_op_index(seed)),),
+        messages=MESSAGES,
+        timeout_s=45,
+        contract=DECLARED,
+    )
+    return by_variant(
+        spec("upsert-rows-only", "deposit_upsert", contract=FlowContract()),
+        spec("upsert", "deposit_upsert", {"duplicate-effect", "invariant-broken"}),
+        spec("once", "deposit_once"),
+    )
 
 
 @pytest.mark.integration

@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from harness import ScenarioSpec, read_ledger
+from harness.run.scenario_kit import by_variant, spec_maker
 
 NAME = "kafka_batch_poison"
 MESSAGES = 20
@@ -48,33 +49,23 @@ def expected(variant: str, seed: int) -> dict[str, set[int]]:
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
+    make = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.kafka_batch",
+        broker="kafka",
+        schema="kafka_consumer",
+        effect_table="kafka_effects",
+        messages=MESSAGES,
+        poison=frozenset({poison_index(seed)}),
+        timeout_s=60,
+    )
 
     def spec(variant: str, handler: str, batch_errors: str) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            broker="kafka",
-            handler=f"harness.patterns.kafka_batch:{handler}",
-            schema="kafka_consumer",
-            effect_table="kafka_effects",
-            options={
-                "batch_size": BATCH,
-                "partitions": 1,
-                "db_tx": "batch",
-                "batch_errors": batch_errors,
-                "max_attempts": ATTEMPTS,
-            },
-            messages=MESSAGES,
-            poison=frozenset({poison_index(seed)}),
-            seed=seed,
-            timeout_s=60,
-            expect=frozenset(expected(variant, seed)),
-        )
+        options = {"batch_size": BATCH, "partitions": 1, "db_tx": "batch", "batch_errors": batch_errors}
+        return make(variant, handler, expected(variant, seed), options={**options, "max_attempts": ATTEMPTS})
 
-    return {
-        "naive": spec("naive", "naive_listener", "retry_batch"),
-        "indexed": spec("indexed", "indexed_listener", "index"),
-    }
+    return by_variant(spec("naive", "naive_listener", "retry_batch"), spec("indexed", "indexed_listener", "index"))
 
 
 @pytest.mark.integration

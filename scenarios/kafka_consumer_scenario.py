@@ -29,13 +29,13 @@ Run it: ``txchaos run kafka_consumer[:VARIANT] --seed N`` or ``pytest scenarios/
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 
 import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
+from harness.run.scenario_kit import batch_of, spec_maker, two_batches
 
 NAME = "kafka_consumer"
 MESSAGES = 20
@@ -43,23 +43,14 @@ BATCH = 5
 
 
 def crashed_op_indexes(seed: int) -> tuple[int, int]:
-    """Return the operation of the first crash (not the last batch's) and of the second (a later batch)."""
-    rng = random.Random(seed)
-    first = rng.randrange(BATCH, MESSAGES - BATCH)
-    second = rng.randrange((first // BATCH + 1) * BATCH, MESSAGES)
-    return first, second
-
-
-def batch_of(index: int) -> range:
-    """Return the operation numbers polled in one batch with ``index`` (one partition, a backlog)."""
-    start = index // BATCH * BATCH
-    return range(start, start + BATCH)
+    """Return the operation of the first crash (not the first or last batch's) and of the second (a later batch)."""
+    return two_batches(seed, MESSAGES, BATCH, first_from=BATCH)
 
 
 def expected_ops(variant: str, seed: int) -> set[int]:
     """Return the operation numbers the verdict must name for ``variant`` at ``seed``."""
     first, _ = crashed_op_indexes(seed)
-    batch = batch_of(first)
+    batch = batch_of(first, BATCH)
     if variant == "naive":
         return set(batch)
     if variant == "one-output":  # at most these: see the module docstring
@@ -75,6 +66,16 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
     first, second = crashed_op_indexes(seed)
     manual = {"batch_size": BATCH, "partitions": 1}
+    make = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.kafka_consumer",
+        broker="kafka",
+        schema="kafka_consumer",
+        effect_table="kafka_effects",
+        messages=MESSAGES,
+        timeout_s=60,
+    )
 
     def spec(
         variant: str,
@@ -84,21 +85,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         expect: set[str],
         contract: FlowContract | None = None,
     ) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            broker="kafka",
-            handler=f"harness.patterns.kafka_consumer:{handler}",
-            schema="kafka_consumer",
-            effect_table="kafka_effects",
-            options=options,
-            crashes=crashes,
-            messages=MESSAGES,
-            seed=seed,
-            timeout_s=60,
-            expect=frozenset(expect),
-            contract=contract or FlowContract(),
-        )
+        return make(variant, handler, expect, options=options, crashes=crashes, contract=contract or FlowContract())
 
     both = (Crash("before_offset_commit", op_index=first), Crash("after_poll", op_index=second))
     auto = {**manual, "offset_store": "auto", "commit": "record"}
@@ -141,7 +128,7 @@ def test_consumer_crash_windows(txchaos_run, variant: str) -> None:  # type: ign
     assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
     # The batch the ledger shows around the first crash is the one the seed predicts.
     first, _ = crashed_op_indexes(seed)
-    assert crashed_batch(result.run_dir) == [op(i) for i in batch_of(first)]
+    assert crashed_batch(result.run_dir) == [op(i) for i in batch_of(first, BATCH)]
     named = {op(i) for i in expected_ops(variant, seed)}
     if variant == "one-output":  # the batch's events that had left the producer before the kill
         assert set(verdict.found()) == {"duplicate-output"}, verdict.headline()

@@ -18,13 +18,13 @@ Run it: ``txchaos run kafka_cqrs[:VARIANT] --seed N`` or ``pytest scenarios/``.
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_cqrs import entity_event
+from harness.run.scenario_kit import batch_of, spec_maker, two_batches
 from harness.verify.model import FlowContract
 
 NAME = "kafka_cqrs"
@@ -34,16 +34,7 @@ BATCH = 5
 
 def crashed_op_indexes(seed: int) -> tuple[int, int]:
     """Return the event of the first crash (not in the last batch) and of the second (a later batch)."""
-    rng = random.Random(seed)
-    first = rng.randrange(0, MESSAGES - BATCH)
-    second = rng.randrange((first // BATCH + 1) * BATCH, MESSAGES)
-    return first, second
-
-
-def batch_of(index: int) -> range:
-    """Return the event numbers polled in one batch with ``index`` (one partition, a backlog)."""
-    start = index // BATCH * BATCH
-    return range(start, start + BATCH)
+    return two_batches(seed, MESSAGES, BATCH, first_from=0)
 
 
 def expected_ops(variant: str, seed: int) -> dict[str, set[int]]:
@@ -54,7 +45,7 @@ def expected_ops(variant: str, seed: int) -> dict[str, set[int]]:
     """
     if variant != "naive":
         return {}
-    batch = [(n, entity_event(n)) for n in batch_of(crashed_op_indexes(seed)[0])]
+    batch = [(n, entity_event(n)) for n in batch_of(crashed_op_indexes(seed)[0], BATCH)]
     newest = {ev.key: max(e.version for _, e in batch if e.key == ev.key) for _, ev in batch}
     deleted = {ev.key for _, ev in batch if ev.tombstone}
     older = {n for n, ev in batch if ev.version < newest[ev.key]}
@@ -64,25 +55,22 @@ def expected_ops(variant: str, seed: int) -> dict[str, set[int]]:
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
     first, second = crashed_op_indexes(seed)
-    options = {"batch_size": BATCH, "partitions": 1}
+    make = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.kafka_cqrs",
+        broker="kafka_cqrs",
+        schema="kafka_cqrs",
+        effect_table="cqrs_journal",
+        effect_column="event_id",
+        options={"batch_size": BATCH, "partitions": 1},
+        messages=MESSAGES,
+        timeout_s=60,
+        contract=FlowContract(expects_downstream=False, per_key=True),
+    )
 
     def spec(variant: str, handler: str, crashes: tuple[Crash, ...]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            broker="kafka_cqrs",
-            handler=f"harness.patterns.kafka_cqrs:{handler}",
-            schema="kafka_cqrs",
-            effect_table="cqrs_journal",
-            effect_column="event_id",
-            options=options,
-            crashes=crashes,
-            messages=MESSAGES,
-            seed=seed,
-            timeout_s=60,
-            contract=FlowContract(expects_downstream=False, per_key=True),
-            expect=frozenset(expected_ops(variant, seed)),
-        )
+        return make(variant, handler, expected_ops(variant, seed), crashes=crashes)
 
     crash = Crash("before_offset_commit", op_index=first)
     return {

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from harness import Crash, ScenarioSpec
+from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
 
 NAME = "onepc_crash_gap"
 MESSAGES = 20
@@ -31,28 +32,20 @@ def crashed_op_index(seed: int) -> int:
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
-    crash = (Crash("after_db_commit", op_index=crashed_op_index(seed)),)
+    spec = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.onepc",
+        crashes=(Crash("after_db_commit", op_index=crashed_op_index(seed)),),
+        messages=MESSAGES,
+        timeout_s=45,
+    )
 
-    def spec(variant: str, handler: str, table: str, expect: set[str]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"harness.patterns.onepc:{handler}",
-            schema="onepc",
-            effect_table=table,
-            options={"table": table},
-            crashes=crash,
-            messages=MESSAGES,
-            seed=seed,
-            timeout_s=45,
-            expect=frozenset(expect),
-        )
-
-    return {
-        "naive": spec("naive", "naive", "onepc_effects", {"duplicate-effect"}),
-        "naive-unique": spec("naive-unique", "naive", "onepc_effects_unique", {"dead-lettered-with-effect"}),
-        "check-then-skip": spec("check-then-skip", "check_then_skip", "onepc_effects", set()),
-    }
+    return by_variant(
+        spec("naive", "naive", {"duplicate-effect"}, **onepc_on()),
+        spec("naive-unique", "naive", {"dead-lettered-with-effect"}, **onepc_on("onepc_effects_unique")),
+        spec("check-then-skip", "check_then_skip", **onepc_on()),
+    )
 
 
 @pytest.mark.integration

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from harness import Crash, KillBroker, Latency, ResetPeer, ScenarioSpec
+from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
 from harness.run.spec import FaultWindow
 
 NAME = "onepc_faults"
@@ -38,30 +39,26 @@ def crashed_op_index(seed: int) -> int:
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
-    crash = Crash("after_db_commit", op_index=crashed_op_index(seed))
-
-    def spec(variant: str, handler: str, window: FaultWindow, expect: set[str]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"harness.patterns.onepc:{handler}",
-            schema="onepc",
-            effect_table="onepc_effects",
-            options={"table": "onepc_effects"},
-            crashes=(crash,),
-            faults=(window,),
-            messages=MESSAGES,
-            seed=seed,
-            settle_s=0.3,
-            timeout_s=60,
-            expect=frozenset(expect),
+    spec = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.onepc",
+        **onepc_on(),
+        crashes=(Crash("after_db_commit", op_index=crashed_op_index(seed)),),
+        messages=MESSAGES,
+        settle_s=0.3,
+        timeout_s=60,
+    )
+    return by_variant(
+        *(
+            spec(f"{variant}-{label}", handler, expect, faults=(window,))
+            for label, window in FAULTS.items()
+            for variant, handler, expect in (
+                ("naive", "naive", {"duplicate-effect"}),
+                ("check-then-skip", "check_then_skip", set()),
+            )
         )
-
-    out: dict[str, ScenarioSpec] = {}
-    for label, window in FAULTS.items():
-        out[f"naive-{label}"] = spec(f"naive-{label}", "naive", window, {"duplicate-effect"})
-        out[f"check-then-skip-{label}"] = spec(f"check-then-skip-{label}", "check_then_skip", window, set())
-    return out
+    )
 
 
 @pytest.mark.integration

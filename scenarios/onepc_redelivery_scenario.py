@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from harness import Crash, ScenarioSpec
+from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
 
 NAME = "onepc_redelivery"
 MESSAGES = 10
@@ -35,32 +36,22 @@ def given_back_index(seed: int) -> int:
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
     n = given_back_index(seed)
-
-    def spec(variant: str, handler: str, crash: Crash, expect: set[str]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"harness.patterns.onepc:{handler}",
-            schema="onepc",
-            effect_table="onepc_effects",
-            options={"table": "onepc_effects"},
-            crashes=(crash,),
-            messages=MESSAGES,
-            seed=seed,
-            settle_s=0.3,
-            timeout_s=30,
-            expect=frozenset(expect),
+    spec = spec_maker(NAME, seed, "harness.patterns.onepc", **onepc_on(), messages=MESSAGES, settle_s=0.3, timeout_s=30)
+    given_back = [
+        spec(
+            f"{variant}-{action.replace('_', '-')}",
+            handler,
+            expect,
+            crashes=(Crash("after_db_commit", op_index=n, action=action),),
         )
-
-    out: dict[str, ScenarioSpec] = {}
-    for action in ACTIONS:
-        crash = Crash("after_db_commit", op_index=n, action=action)
-        label = action.replace("_", "-")
-        out[f"naive-{label}"] = spec(f"naive-{label}", "naive", crash, {"duplicate-effect"})
-        out[f"check-then-skip-{label}"] = spec(f"check-then-skip-{label}", "check_then_skip", crash, set())
+        for action in ACTIONS
+        for variant, handler, expect in (
+            ("naive", "naive", {"duplicate-effect"}),
+            ("check-then-skip", "check_then_skip", set()),
+        )
+    ]
     nack = Crash("before_db_commit", op_index=n, action="nack")
-    out["naive-nack"] = spec("naive-nack", "naive", nack, {"dead-lettered"})
-    return out
+    return by_variant(*given_back, spec("naive-nack", "naive", {"dead-lettered"}, crashes=(nack,)))
 
 
 @pytest.mark.integration

@@ -26,6 +26,7 @@ import pytest
 
 from harness import Crash, Helper, Kind, ScenarioSpec, Stage, read_ledger
 from harness.patterns.outbox import POINTS
+from harness.run.scenario_kit import by_variant, op_name, spec_maker
 
 NAME = "outbox_relay"
 MESSAGES = 12
@@ -52,42 +53,34 @@ def crash_ops(seed: int) -> list[int]:
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
     ops = crash_ops(seed)
+    make = spec_maker(
+        NAME,
+        seed,
+        PATTERN,
+        schema="outbox",
+        effect_table="outbox_effects",
+        outbox_table="outbox",
+        points=POINTS,
+        messages=MESSAGES,
+        settle_s=0.3,
+    )
 
     def spec(variant: str, consumer: str, sweeper: bool, crashes: tuple[Crash, ...], expect: set[str]) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"{PATTERN}:place_order",
-            schema="outbox",
-            effect_table="outbox_effects",
-            outbox_table="outbox",
-            chain=(Stage("consumer", f"{PATTERN}:{consumer}"),),
-            helpers=(Helper("relay", f"{PATTERN}:relay", options={"sweeper": sweeper}),),
-            points=POINTS,
-            crashes=crashes,
-            messages=MESSAGES,
-            seed=seed,
-            # An orphaned row never comes out: the sweeper-off run waits its whole timeout.
-            timeout_s=4 if not sweeper else 30,
-            settle_s=0.3,
-            expect=frozenset(expect),
-        )
+        chain = (Stage("consumer", f"{PATTERN}:{consumer}"),)
+        relay = Helper("relay", f"{PATTERN}:relay", options={"sweeper": sweeper})
+        # An orphaned row never comes out: the sweeper-off run waits its whole timeout.
+        timeout_s = 4 if not sweeper else 30
+        return make(variant, "place_order", expect, chain=chain, helpers=(relay,), crashes=crashes, timeout_s=timeout_s)
 
     def crash(i: int) -> Crash:
         point, worker = FIXED_POINTS[i]
         return Crash(point, op_index=ops[i], worker=worker)
 
-    return {
-        "sweeper-off": spec("sweeper-off", "consumer_inbox", False, (crash(0),), {"orphan-outbox"}),
-        "naive-consumer": spec("naive-consumer", "consumer_naive", True, (crash(1),), {"duplicate-effect"}),
-        "inbox-sweeper": spec(
-            "inbox-sweeper", "consumer_inbox", True, tuple(crash(i) for i in range(len(FIXED_POINTS))), set()
-        ),
-    }
-
-
-def op_name(variant: str, seed: int, n: int) -> str:
-    return f"{variant}-s{seed}-op{n:05d}"
+    return by_variant(
+        spec("sweeper-off", "consumer_inbox", False, (crash(0),), {"orphan-outbox"}),
+        spec("naive-consumer", "consumer_naive", True, (crash(1),), {"duplicate-effect"}),
+        spec("inbox-sweeper", "consumer_inbox", True, tuple(crash(i) for i in range(len(FIXED_POINTS))), set()),
+    )
 
 
 @pytest.mark.integration

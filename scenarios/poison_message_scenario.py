@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from harness import FlowContract, Kind, ScenarioSpec, read_ledger
+from harness.run.scenario_kit import by_variant, spec_maker
 
 NAME = "poison_message"
 MESSAGES = 12
@@ -32,29 +33,24 @@ def poison_index(seed: int) -> int:
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     """Return the scenario's variants at ``seed``."""
-
-    def spec(variant: str, handler: str, expect: set[str], timeout_s: float) -> ScenarioSpec:
-        return ScenarioSpec(
-            name=NAME,
-            variant=variant,
-            handler=f"harness.patterns.poison:{handler}",
-            schema="poison",
-            effect_table="poison_effects",
-            messages=MESSAGES,
-            poison=frozenset({poison_index(seed)}),
-            seed=seed,
-            settle_s=0.3,
-            timeout_s=timeout_s,
-            # More than 10 deliveries of a message that is never applied nor dead-lettered: poison.
-            contract=FlowContract(max_deliveries=10),
-            expect=frozenset(expect),
-        )
-
-    return {
+    spec = spec_maker(
+        NAME,
+        seed,
+        "harness.patterns.poison",
+        schema="poison",
+        effect_table="poison_effects",
+        messages=MESSAGES,
+        poison=frozenset({poison_index(seed)}),
+        settle_s=0.3,
         # The run stops waiting once the worker has crash-looped more than max_deliveries times.
-        "crashing": spec("crashing", "crashing", {"never-dead-lettered-poison", "stuck"}, timeout_s=30),
-        "attempt-counter": spec("attempt-counter", "attempt_counter", set(), timeout_s=30),
-    }
+        timeout_s=30,
+        # More than 10 deliveries of a message that is never applied nor dead-lettered: poison.
+        contract=FlowContract(max_deliveries=10),
+    )
+    return by_variant(
+        spec("crashing", "crashing", {"never-dead-lettered-poison", "stuck"}),
+        spec("attempt-counter", "attempt_counter"),
+    )
 
 
 @pytest.mark.integration

@@ -39,7 +39,7 @@ def test_naive_expectation_names_the_replayed_events_before_a_delete() -> None:
     scenario = _scenario()
     first, _ = scenario.crashed_op_indexes(0)
     expected = scenario.expected_ops("naive", 0)
-    batch = scenario.batch_of(first)
+    batch = scenario.batch_of(first, scenario.BATCH)
     assert expected["resurrected"], "every batch must hold a delete and an earlier event of its entity"
     assert expected["resurrected"] <= expected["out-of-order"] <= set(batch)
     for n in expected["resurrected"]:
