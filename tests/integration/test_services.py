@@ -25,6 +25,7 @@ from harness.run.dispatch import run_spec
 from harness.run.scenarios import load_file
 from harness.run.session import RunResult
 from harness.stack.base import Endpoints
+from harness.stack.procs import TAG_VAR
 
 pytestmark = [pytest.mark.integration, pytest.mark.activemq, pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,20 @@ def test_the_naive_variant_is_caught_with_its_class_on_the_op_the_trap_fired_on(
     assert firings(result) == [(ex.naive_point, op)]
     assert result.verdict.found() == {ex.naive_anomaly: 1}, result.verdict.headline()
     assert result.verdict.ops(ex.naive_anomaly) == {op}
+    assert not left_running(result), "a service instance outlived its run"
+
+
+def left_running(result: RunResult) -> list[int]:
+    """Return the pids of processes still tagged with the run (its service instances, restarts included)."""
+    tag = f"{TAG_VAR}=run/{result.run_dir.name}/".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if any(v.startswith(tag) for v in environ.read_bytes().split(b"\0")):
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return pids
 
 
 CASES = [(name, point) for name, ex in EX.EXAMPLES.items() for point in ex.points]
