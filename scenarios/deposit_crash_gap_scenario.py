@@ -27,10 +27,11 @@ import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
 from harness.patterns import bank
-from harness.run.scenario_kit import by_variant, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, spec_maker
 from harness.verify.model import Invariant
 
 NAME = "deposit_crash_gap"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 20
 DECLARED = FlowContract(
     effect_sql=bank.DEPOSIT_EFFECT_SQL,
@@ -63,14 +64,12 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     )
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 @pytest.mark.parametrize("seed", [0, 7])
 def test_a_double_apply_without_a_row(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
     spec = variants(seed)[variant]
     verdict = txchaos_run(spec).verdict
-    crashed = f"{variant}-s{seed}-op{crashed_op_index(seed):05d}"
+    crashed = op_name(variant, seed, crashed_op_index(seed))
     assert verdict.stats["crashes"] == 1, verdict.stats
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     if spec.expect:

@@ -36,9 +36,11 @@ from harness import Crash, Endpoints, FlowContract, Helper, Kind, ScenarioSpec, 
 from harness.clients import db
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.patterns import dtm_transfer
+from harness.run.scenario_kit import op_name
 from harness.run.spec import FaultWindow
 
 NAME = "dtm_transfer"
+pytestmark = [pytest.mark.integration, pytest.mark.dtm]
 MESSAGES = 6
 # A debit must be followed by one credit; a transfer refused before its commit owes nothing.
 CONTRACT = FlowContract(expects_downstream=False, max_deliveries=None)
@@ -118,15 +120,13 @@ def _books(endpoints: Endpoints) -> tuple[Counter[str], Counter[str], tuple[int,
         engine.dispose()
 
 
-@pytest.mark.integration
-@pytest.mark.dtm
 @pytest.mark.parametrize("variant", list(variants()))
 def test_dtm_transfer(txchaos_run, txchaos_stack, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    hit = f"{variant}-s{seed}-op{chosen(seed):05d}"
+    hit = op_name(variant, seed, chosen(seed))
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     for anomaly in spec.expect:
         assert verdict.ops(anomaly) == {hit}, verdict.headline()
@@ -134,7 +134,7 @@ def test_dtm_transfer(txchaos_run, txchaos_stack, variant: str) -> None:  # type
     debits, credits, (debited, credited) = _books(txchaos_stack)
     events = read_ledger(result.run_dir / "ledger").to_pylist()
     by_checkback = {e["op"]: e["kind"] for e in events if '"checkback"' in (e["detail"] or "")}
-    ops = [f"{variant}-s{seed}-op{n:05d}" for n in range(MESSAGES)]
+    ops = [op_name(variant, seed, n) for n in range(MESSAGES)]
     if variant == "naive-checkback":  # the debit of the held transaction has no credit
         assert (debits[hit], credits[hit]) == (1, 0)
         assert by_checkback[hit] == Kind.ABORT_PREPARED

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import random
 import sys
+from functools import partial
 
 import pytest
 
 from harness import ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, spec_maker
 
 NAME = "kafka_batch_poison"
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 MESSAGES = 20
 BATCH = 5
 ATTEMPTS = 3
@@ -68,15 +70,13 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     return by_variant(spec("naive", "naive_listener", "retry_batch"), spec("indexed", "indexed_listener", "index"))
 
 
-@pytest.mark.integration
-@pytest.mark.kafka
 @pytest.mark.parametrize("seed", [0, 5])
 @pytest.mark.parametrize("variant", ["naive", "indexed"])
 def test_poison_record_in_a_batch(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    op = f"{variant}-s{seed}-op{{:05d}}".format
+    op = partial(op_name, variant, seed)
     want = expected(variant, seed)
     assert verdict.found() == {anomaly: len(ops) for anomaly, ops in want.items()}, verdict.headline()
     for anomaly, ops in want.items():

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
-from harness.run.scenario_kit import batch_of, spec_maker, two_batches
+from harness.run.scenario_kit import batch_of, op_name, spec_maker, two_batches
 
 NAME = "kafka_consumer"
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 MESSAGES = 20
 BATCH = 5
 
@@ -116,15 +118,13 @@ def crashed_batch(run_dir: Path) -> list[str]:
     return [r["op"] for r in sorted(delivered, key=lambda r: r["seq"]) if json.loads(r["detail"])["batch"] == batch]
 
 
-@pytest.mark.integration
-@pytest.mark.kafka
 @pytest.mark.parametrize("variant", list(variants()))
 def test_consumer_crash_windows(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    op = f"{variant}-s{seed}-op{{:05d}}".format
+    op = partial(op_name, variant, seed)
     assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
     # The batch the ledger shows around the first crash is the one the seed predicts.
     first, _ = crashed_op_indexes(seed)

@@ -19,15 +19,17 @@ Run it: ``txchaos run kafka_cqrs[:VARIANT] --seed N`` or ``pytest scenarios/``.
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_cqrs import entity_event
-from harness.run.scenario_kit import batch_of, spec_maker, two_batches
+from harness.run.scenario_kit import batch_of, op_name, spec_maker, two_batches
 from harness.verify.model import FlowContract
 
 NAME = "kafka_cqrs"
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 MESSAGES = 15
 BATCH = 5
 
@@ -79,15 +81,13 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     }
 
 
-@pytest.mark.integration
-@pytest.mark.kafka
 @pytest.mark.parametrize("variant", list(variants()))
 def test_cqrs_replica_after_redelivery(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    op = f"{variant}-s{seed}-op{{:05d}}".format
+    op = partial(op_name, variant, seed)
     assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
     expected = {cls: {op(n) for n in ns} for cls, ns in expected_ops(variant, seed).items()}
     assert verdict.found() == {cls: len(ops) for cls, ops in expected.items()}, verdict.headline()

@@ -45,9 +45,11 @@ import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_saga import SAGA_NET_LABEL, SAGA_NET_SQL
+from harness.run.scenario_kit import op_name
 from harness.verify.model import FlowContract, Invariant
 
 NAME = "kafka_saga"
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 SAGAS = 6
 BACKOFF_MS = 100
 ATTEMPTS = 3
@@ -152,15 +154,13 @@ FINAL = {
 }
 
 
-@pytest.mark.integration
-@pytest.mark.kafka
 @pytest.mark.parametrize("variant", list(variants()))
 def test_saga(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    saga = f"{variant}-s{seed}-op{hit(seed):05d}"
+    saga = op_name(variant, seed, hit(seed))
     expected = {anomaly: {saga + suffix} for anomaly, suffix in NAMED.get(variant, {}).items()}
     assert {a: verdict.ops(a) for a in verdict.found()} == expected, verdict.headline()
     assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
@@ -169,7 +169,7 @@ def test_saga(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def
         r["op"]: json.loads(r["detail"]).get("state") for r in rows if r["dest"] == "sagas" and r["src"] == "driver"
     }
     effects = Counter(r["op"] for r in rows if r["kind"] == "residue_effect" and r["dest"] != "sagas")
-    others = [f"{variant}-s{seed}-op{i:05d}" for i in range(SAGAS) if i != hit(seed)]
+    others = [op_name(variant, seed, i) for i in range(SAGAS) if i != hit(seed)]
     for op in others:  # the sagas no fault touched complete, paid once and seated once
         assert outcome[op] == "completed", outcome
         assert (effects[f"{op}.pay"], effects[f"{op}.seat"]) == (1, 1), effects

@@ -19,9 +19,10 @@ import sys
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
 
 NAME = "onepc_crash_gap"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 20
 
 
@@ -48,15 +49,13 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     )
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 @pytest.mark.parametrize("seed", [0, 7])
 def test_crash_in_the_gap(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    crashed = f"{variant}-s{seed}-op{crashed_op_index(seed):05d}"
+    crashed = op_name(variant, seed, crashed_op_index(seed))
     # The crash really happened in the window, and the harness names the exact operation.
     assert verdict.stats["crashes"] == 1, verdict.stats
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()

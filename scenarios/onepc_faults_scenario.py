@@ -19,10 +19,11 @@ import sys
 import pytest
 
 from harness import Crash, KillBroker, Latency, ResetPeer, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
 from harness.run.spec import FaultWindow
 
 NAME = "onepc_faults"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 20
 
 FAULTS = {
@@ -61,14 +62,12 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     )
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 def test_crash_gap_under_faults(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     spec = variants(0)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    crashed = f"{variant}-s0-op{crashed_op_index(0):05d}"
+    crashed = op_name(variant, 0, crashed_op_index(0))
     assert set(verdict.found()) == set(spec.expect), verdict.headline()
     if spec.expect:
         assert crashed in verdict.ops("duplicate-effect")

@@ -21,9 +21,10 @@ import sys
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
 
 NAME = "onepc_redelivery"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 10
 ACTIONS = ("abort_unsubscribe", "disconnect")
 
@@ -54,14 +55,12 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     return by_variant(*given_back, spec("naive-nack", "naive", {"dead-lettered"}, crashes=(nack,)))
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 def test_redelivery_actions(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     spec = variants(3)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    given_back = f"{variant}-s3-op{given_back_index(3):05d}"
+    given_back = op_name(variant, 3, given_back_index(3))
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     for anomaly in spec.expect:
         assert verdict.ops(anomaly) == {given_back}

@@ -29,6 +29,7 @@ from harness.patterns.outbox import POINTS
 from harness.run.scenario_kit import by_variant, op_name, spec_maker
 
 NAME = "outbox_relay"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 12
 PATTERN = "harness.patterns.outbox"
 
@@ -83,8 +84,6 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     )
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 @pytest.mark.parametrize("seed", [0, 3])
 def test_outbox_relay(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]

@@ -20,9 +20,10 @@ import sys
 import pytest
 
 from harness import FlowContract, Kind, ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, spec_maker
 
 NAME = "poison_message"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 12
 
 
@@ -53,18 +54,16 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
     )
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 def test_poison_message(variant: str, txchaos_run: object) -> None:
     spec = variants()[variant]
     result = txchaos_run(spec)  # type: ignore[operator]
     verdict = result.verdict
-    poison_op = f"{variant}-s0-op{poison_index(0):05d}"
+    poison_op = op_name(variant, 0, poison_index(0))
     assert set(verdict.found()) == set(spec.expect), verdict.headline()
     if spec.expect:
         assert verdict.ops("never-dead-lettered-poison") == {poison_op}
-        behind = {f"{variant}-s0-op{n:05d}" for n in range(poison_index(0), MESSAGES)}
+        behind = {op_name(variant, 0, n) for n in range(poison_index(0), MESSAGES)}
         assert verdict.ops("stuck") == behind, "the poison message blocks exactly the orders behind it"
     events = read_ledger(result.run_dir / "ledger").to_pylist()
     of_poison = [e["kind"] for e in events if e["op"] == poison_op]

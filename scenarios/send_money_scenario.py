@@ -55,8 +55,10 @@ from harness import (
 from harness.clients import db
 from harness.patterns import bank, send_money
 from harness.patterns.send_money import Outcome
+from harness.run.scenario_kit import op_name
 
 NAME = "send_money"
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 MESSAGES = 8
 # After the claim, after the call, after DONE, and the stage runtime's own points.
 GUARDED_POINTS = (
@@ -162,7 +164,7 @@ def _check_books(
     """Check each operation's outcome, that the bank's own book matches the ledger; return the outcomes."""
     events = read_ledger(run_dir / "ledger").to_pylist()
     found = send_money.outcomes(events)
-    assert found == {f"{spec.variant}-s{spec.seed}-op{n:05d}": o for n, o in want.items()}
+    assert found == {op_name(spec.variant, spec.seed, n): o for n, o in want.items()}
     engine = db.engine(endpoints.postgres_url, pool_size=1)
     try:
         booked_by_bank = Counter(db.column_values(engine, "bank_transfers", "op_id"))
@@ -176,15 +178,13 @@ def _check_books(
     return found
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(variants()))
 def test_send_money(txchaos_run, txchaos_stack, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0  # seeds 1-3 pass too; `txchaos run send_money --seed N` runs any other
     spec = variants(seed)[variant]
     result = txchaos_run(spec)
     verdict = result.verdict
-    hit = f"{variant}-s{seed}-op{chosen(seed)[0]:05d}"
+    hit = op_name(variant, seed, chosen(seed)[0])
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     for anomaly in spec.expect:
         assert verdict.ops(anomaly) == {hit}, verdict.headline()
@@ -220,8 +220,6 @@ def redelivery_stack() -> Iterator[Endpoints]:
         yield endpoints
 
 
-@pytest.mark.integration
-@pytest.mark.activemq
 @pytest.mark.parametrize("variant", list(redelivery_variants()))
 def test_exception_with_broker_redeliveries(redelivery_stack: Endpoints, variant: str) -> None:
     spec = redelivery_variants()[variant]
@@ -230,7 +228,7 @@ def test_exception_with_broker_redeliveries(redelivery_stack: Endpoints, variant
     raising: int = spec.options["raise_after_call"][0]  # type: ignore[index]
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     for anomaly in spec.expect:
-        assert verdict.ops(anomaly) == {f"{variant}-s0-op{raising:05d}"}
+        assert verdict.ops(anomaly) == {op_name(variant, 0, raising)}
     want = dict.fromkeys(range(spec.messages), PAID)
     if variant.startswith("naive"):
         # "So, your money will be sent 6 times without any trace in your database" (the seed)
