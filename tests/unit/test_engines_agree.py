@@ -9,7 +9,6 @@ engines. Each injected operation must be named under its class, by both engines.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,14 +174,6 @@ def ledgers(draw: st.DrawFn) -> tuple[list[Op], list[Window]]:
     spans = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, 2)), max_size=3))
     windows = [Window(f"fault-{j}", a, min(n, a + d)) for j, (a, d) in enumerate(spans)]
     return ops, windows
-
-
-@pytest.fixture(scope="module")
-def spark_engine() -> Iterator[Any]:
-    spark = pytest.importorskip("harness.verify.spark")
-    session = spark.spark_session("local[2]", driver_memory="1g")
-    yield spark, session
-    session.stop()
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +114,6 @@ def test_runs_without_per_key_contract_are_not_judged_by_key(naive_run: Path) ->
     v = checker.check_run(naive_run, FlowContract(expects_downstream=False))
     assert v.anomalies["resurrected"] == 0
     assert v.anomalies["out-of-order"] == 0
-
-
-@pytest.fixture(scope="module")
-def spark_engine() -> Iterator[Any]:
-    spark = pytest.importorskip("harness.verify.spark")
-    session = spark.spark_session("local[2]", driver_memory="1g")
-    yield spark, session
-    session.stop()
 
 
 @pytest.mark.spark

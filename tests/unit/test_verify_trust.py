@@ -11,7 +11,6 @@ import json
 import shutil
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -317,14 +316,6 @@ def test_verify_refuses_a_master_that_does_not_answer(tmp_path: Path, capsys: An
 
 
 # -- both engines: the same verdict on incomplete and damaged folders ------------------------
-@pytest.fixture(scope="module")
-def spark_engine() -> Iterator[Any]:
-    spark = pytest.importorskip("harness.verify.spark")
-    session = spark.spark_session("local[2]", driver_memory="1g")
-    yield spark, session
-    session.stop()
-
-
 @pytest.mark.spark
 @pytest.mark.parametrize("case", ["interrupted", "torn", "damaged-part"])
 def test_engines_agree_on_incomplete_and_damaged_folders(case: str, spark_engine: Any, tmp_path: Path) -> None:
