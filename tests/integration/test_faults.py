@@ -14,23 +14,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from harness import faults
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
-from harness.faults import (
-    Bandwidth,
-    KillBroker,
-    Latency,
-    LimitData,
-    Partition,
-    Pause,
-    ResetPeer,
-    Slicer,
-    SlowClose,
-    Timeout,
-    active,
-)
 from harness.ledger.writer import LedgerWriter
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
@@ -102,14 +90,14 @@ def pg(txchaos_stack: Endpoints) -> Iterator[sa.Connection]:
 @pytest.mark.parametrize("stream", ["upstream", "downstream"])
 def test_latency_adds_at_least_the_latency(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin, stream: str) -> None:
     assert stomp_rtt(txchaos_stack) < 0.25
-    with active(Latency(ms=400, jitter_ms=0, stream=stream).on(txchaos_stack.stomp, txchaos_stack)):
+    with faults.active(faults.Latency(ms=400, jitter_ms=0, stream=stream).on(txchaos_stack.stomp, txchaos_stack)):
         assert stomp_rtt(txchaos_stack) >= 0.4
     assert stomp_rtt(txchaos_stack) < 0.25
 
 
 @pytest.mark.activemq
 def test_toxicity_zero_spares_every_connection(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
-    with active(Latency(ms=1000, toxicity=0.0).on("activemq_stomp", txchaos_stack)):
+    with faults.active(faults.Latency(ms=1000, toxicity=0.0).on("activemq_stomp", txchaos_stack)):
         assert proxies.toxics("activemq_stomp")[0]["toxicity"] == 0.0
         assert stomp_rtt(txchaos_stack) < 0.5
 
@@ -119,7 +107,7 @@ def test_latency_on_postgres_lands_in_the_ledger(
 ) -> None:
     assert pg_time(pg) < 0.15
     with LedgerWriter(tmp_path, "faults") as ledger:
-        with active(Latency(ms=250).on("postgres", txchaos_stack), ledger):
+        with faults.active(faults.Latency(ms=250).on("postgres", txchaos_stack), ledger):
             assert pg_time(pg) >= 0.25
             assert [t["type"] for t in proxies.toxics("postgres")] == ["latency"]
         assert pg_time(pg) < 0.15
@@ -134,7 +122,7 @@ def test_latency_on_postgres_lands_in_the_ledger(
 
 def test_bandwidth_slows_a_large_result(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin, pg: sa.Connection) -> None:
     assert pg_time(pg, 200_000) < 0.5
-    with active(Bandwidth(kb_per_s=100).on("postgres", txchaos_stack)):
+    with faults.active(faults.Bandwidth(kb_per_s=100).on("postgres", txchaos_stack)):
         assert pg_time(pg, 200_000) >= 1.0  # ~200 KB at 100 KB/s
     assert pg_time(pg, 200_000) < 0.5
 
@@ -143,7 +131,7 @@ def test_slicer_cuts_a_result_into_delayed_pieces(
     txchaos_stack: Endpoints, proxies: ToxiproxyAdmin, pg: sa.Connection
 ) -> None:
     assert pg_time(pg, 20_000) < 0.2
-    with active(Slicer(avg_size=500, size_variation=100, delay_us=20_000).on("postgres", txchaos_stack)):
+    with faults.active(faults.Slicer(avg_size=500, size_variation=100, delay_us=20_000).on("postgres", txchaos_stack)):
         assert pg_time(pg, 20_000) >= 0.5  # ~40 pieces, 20 ms apart, and the bytes arrive intact
     assert pg_time(pg, 20_000) < 0.2
 
@@ -163,18 +151,24 @@ def _seconds_until_closed(ep: Endpoints) -> float:
 @pytest.mark.activemq
 def test_slow_close_delays_the_close(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
     assert _seconds_until_closed(txchaos_stack) < 0.5
-    with active(SlowClose(delay_ms=1000).on("activemq_stomp", txchaos_stack)):
+    with faults.active(faults.SlowClose(delay_ms=1000).on("activemq_stomp", txchaos_stack)):
         assert _seconds_until_closed(txchaos_stack) >= 1.0
     assert _seconds_until_closed(txchaos_stack) < 0.5
 
 
 @pytest.mark.activemq
 def test_timeout_holds_the_connection_half_open(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
-    with active(Timeout(ms=0).on("activemq_stomp", txchaos_stack)), _stomp_socket(txchaos_stack, 1.5) as s:
+    with (
+        faults.active(faults.Timeout(ms=0).on("activemq_stomp", txchaos_stack)),
+        _stomp_socket(txchaos_stack, 1.5) as s,
+    ):
         s.sendall(CONNECT)  # the connection opens, the bytes vanish, nothing closes it
         with pytest.raises(TimeoutError):
             s.recv(4096)
-    with active(Timeout(ms=500).on("activemq_stomp", txchaos_stack)), _stomp_socket(txchaos_stack, 5) as s:
+    with (
+        faults.active(faults.Timeout(ms=500).on("activemq_stomp", txchaos_stack)),
+        _stomp_socket(txchaos_stack, 5) as s,
+    ):
         started = time.monotonic()
         s.sendall(CONNECT)
         assert s.recv(4096) == b""  # closed after the timeout, with no answer
@@ -184,16 +178,19 @@ def test_timeout_holds_the_connection_half_open(txchaos_stack: Endpoints, proxie
 
 @pytest.mark.activemq
 def test_reset_peer_resets_the_connection(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
-    fault = ResetPeer(timeout_ms=0).on("activemq_stomp", txchaos_stack)
+    fault = faults.ResetPeer(timeout_ms=0).on("activemq_stomp", txchaos_stack)
     # A clean close (FIN) would return b"" and fail the test with DID NOT RAISE: only an RST passes.
-    with active(fault), _stomp_socket(txchaos_stack) as s, pytest.raises(ConnectionResetError):
+    with faults.active(fault), _stomp_socket(txchaos_stack) as s, pytest.raises(ConnectionResetError):
         _exchange(s)
     assert stomp_rtt(txchaos_stack) < 0.25
 
 
 @pytest.mark.activemq
 def test_limit_data_closes_after_the_budget(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
-    with active(LimitData(bytes=10).on("activemq_stomp", txchaos_stack)), _stomp_socket(txchaos_stack) as s:
+    with (
+        faults.active(faults.LimitData(bytes=10).on("activemq_stomp", txchaos_stack)),
+        _stomp_socket(txchaos_stack) as s,
+    ):
         s.sendall(CONNECT)
         with pytest.raises(ConnectionError, match="closed after 10 bytes: b'CONNECTED\\\\n'"):
             _read_frame(s)
@@ -203,17 +200,20 @@ def test_limit_data_closes_after_the_budget(txchaos_stack: Endpoints, proxies: T
 @pytest.mark.activemq
 def test_partition_refuses_connections_until_healed(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
     ep = txchaos_stack
-    with active(Partition().on("activemq_stomp", ep)), pytest.raises(HarnessError, match="STOMP connect"):
+    with faults.active(faults.Partition().on("activemq_stomp", ep)), pytest.raises(HarnessError, match="STOMP connect"):
         StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0))
-    with active(Partition().on("postgres", ep)), pytest.raises(sa.exc.OperationalError):
+    with faults.active(faults.Partition().on("postgres", ep)), pytest.raises(sa.exc.OperationalError):
         db.ping(ep.postgres_url)
     assert db.ping(ep.postgres_url)
     assert stomp_rtt(ep) < 0.25
 
 
 def test_healing_runs_when_the_body_raises(txchaos_stack: Endpoints, proxies: ToxiproxyAdmin) -> None:
-    partition, latency = Partition().on("postgres", txchaos_stack), Latency(ms=100).on("postgres", txchaos_stack)
-    with pytest.raises(RuntimeError), active(partition), active(latency):
+    partition, latency = (
+        faults.Partition().on("postgres", txchaos_stack),
+        faults.Latency(ms=100).on("postgres", txchaos_stack),
+    )
+    with pytest.raises(RuntimeError), faults.active(partition), faults.active(latency):
         raise RuntimeError("the scenario failed half-way")
     state = proxies.proxies()["postgres"]
     assert state["enabled"]
@@ -235,7 +235,7 @@ def test_pause_stops_a_process_and_heal_resumes_it(tmp_path: Path) -> None:
     )
     try:
         time.sleep(0.3)
-        with active(Pause(proc.pid)):
+        with faults.active(faults.Pause(proc.pid)):
             time.sleep(0.1)
             size = ticks.stat().st_size
             time.sleep(0.5)
@@ -273,7 +273,7 @@ def test_activemq_kill9_keeps_persistent_messages(own_stack: tuple[LocalProvider
     assert first.body == "kept"
     with (
         LedgerWriter(tmp_path, "faults") as ledger,
-        active(KillBroker("activemq").on(ep), ledger) as fault,
+        faults.active(faults.KillBroker("activemq").on(ep), ledger) as fault,
         pytest.raises(HarnessError),
     ):
         StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0))
@@ -300,7 +300,7 @@ def test_postgres_kill9_keeps_a_committed_row(own_stack: tuple[LocalProvider, En
             # The stack runs synchronous_commit=off: only a flushed commit survives kill -9.
             conn.execute(sa.text("SET LOCAL synchronous_commit = on"))
             conn.execute(sa.text("INSERT INTO kill_probe VALUES ('kept')"))
-        with active(KillBroker("postgres").on(ep)) as fault, pytest.raises(sa.exc.OperationalError):
+        with faults.active(faults.KillBroker("postgres").on(ep)) as fault, pytest.raises(sa.exc.OperationalError):
             db.ping(ep.postgres_url)
         log.info("postgres restart: %.2f s", fault.restart_s or -1)
         eng.dispose()  # pooled connections died with the server
@@ -317,7 +317,7 @@ def test_kafka_kill9_keeps_acknowledged_records(own_stack: tuple[LocalProvider, 
     kafka.create_topics(ep.kafka.address, [topic], partitions=1)
     values = [(f"k{i}", f"v{i}") for i in range(10)]
     assert kafka.produce(ep.kafka.address, topic, values) == 10
-    with active(KillBroker("kafka").on(ep)) as fault:
+    with faults.active(faults.KillBroker("kafka").on(ep)) as fault:
         assert not kafka.broker_ready(ep.kafka.address, 1.0)
     log.info("kafka restart: %.2f s", fault.restart_s or -1)
     assert sorted(kafka.consume_all(ep.kafka.address, topic, expect=10)) == sorted(values)
@@ -325,7 +325,7 @@ def test_kafka_kill9_keeps_acknowledged_records(own_stack: tuple[LocalProvider, 
 
 def test_stop_stops_a_restarted_service(own_stack: tuple[LocalProvider, Endpoints]) -> None:
     provider, ep = own_stack
-    with active(KillBroker("activemq").on(ep)):
+    with faults.active(faults.KillBroker("activemq").on(ep)):
         pass
     tag = ServiceRecipe.load(ep.state_dir, "activemq").tag
     (new_pid,) = tagged_pids(tag)

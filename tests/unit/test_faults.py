@@ -10,20 +10,8 @@ from typing import Any
 
 import pytest
 
+from harness import faults
 from harness.errors import ConfigError
-from harness.faults import (
-    Bandwidth,
-    KillBroker,
-    Latency,
-    LimitData,
-    Partition,
-    Pause,
-    ResetPeer,
-    Slicer,
-    SlowClose,
-    Timeout,
-    active,
-)
 from harness.faults.base import Fault
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
@@ -34,26 +22,26 @@ API = "http://127.0.0.1:1"  # never called: binding a spec talks to nobody
 @pytest.mark.parametrize(
     ("make", "needle", "fix"),
     [
-        (lambda: Latency(ms=-1), "latency ms=-1", "whole milliseconds"),
-        (lambda: Latency(ms=10, jitter_ms=-5), "jitter_ms=-5", "jitter"),
-        (lambda: Latency(ms=1.5), "latency ms=1.5", "whole"),  # type: ignore[arg-type]
-        (lambda: Latency(ms=True), "latency ms=True", "whole"),
-        (lambda: Latency(ms=10, toxicity=1.5), "toxicity=1.5", "0.0 to 1.0"),
-        (lambda: Latency(ms=10, toxicity=-0.1), "toxicity=-0.1", "0.0 to 1.0"),
-        (lambda: Latency(ms=10, toxicity=float("nan")), "toxicity=nan", "0.0 to 1.0"),
-        (lambda: Latency(ms=10, stream="sideways"), "stream='sideways'", "'downstream'"),
-        (lambda: Bandwidth(kb_per_s=0), "kb_per_s=0", "Timeout(ms=0)"),
-        (lambda: SlowClose(delay_ms=-1), "delay_ms=-1", "milliseconds"),
-        (lambda: Timeout(ms=-1), "timeout ms=-1", "half-open"),
-        (lambda: ResetPeer(timeout_ms=-1), "timeout_ms=-1", "at once"),
-        (lambda: Slicer(avg_size=0), "avg_size=0", "at least 1 byte"),
-        (lambda: Slicer(avg_size=10, size_variation=10), "size_variation=10", "smaller than avg_size"),
-        (lambda: Slicer(avg_size=10, delay_us=-1), "delay_us=-1", "microseconds"),
-        (lambda: LimitData(bytes=-1), "bytes=-1", "byte budget"),
-        (lambda: KillBroker("rabbitmq"), "'rabbitmq'", "activemq, kafka, postgres"),
-        (lambda: Pause(pid=0), "pid=0", "Managed.pid"),
-        (lambda: Pause(pid=os.getpid()), f"pid={os.getpid()}", "pause a worker"),
-        (lambda: Latency(ms=10).on("", API), "bad proxy ''", "name the proxy"),
+        (lambda: faults.Latency(ms=-1), "latency ms=-1", "whole milliseconds"),
+        (lambda: faults.Latency(ms=10, jitter_ms=-5), "jitter_ms=-5", "jitter"),
+        (lambda: faults.Latency(ms=1.5), "latency ms=1.5", "whole"),  # type: ignore[arg-type]
+        (lambda: faults.Latency(ms=True), "latency ms=True", "whole"),
+        (lambda: faults.Latency(ms=10, toxicity=1.5), "toxicity=1.5", "0.0 to 1.0"),
+        (lambda: faults.Latency(ms=10, toxicity=-0.1), "toxicity=-0.1", "0.0 to 1.0"),
+        (lambda: faults.Latency(ms=10, toxicity=float("nan")), "toxicity=nan", "0.0 to 1.0"),
+        (lambda: faults.Latency(ms=10, stream="sideways"), "stream='sideways'", "'downstream'"),
+        (lambda: faults.Bandwidth(kb_per_s=0), "kb_per_s=0", "Timeout(ms=0)"),
+        (lambda: faults.SlowClose(delay_ms=-1), "delay_ms=-1", "milliseconds"),
+        (lambda: faults.Timeout(ms=-1), "timeout ms=-1", "half-open"),
+        (lambda: faults.ResetPeer(timeout_ms=-1), "timeout_ms=-1", "at once"),
+        (lambda: faults.Slicer(avg_size=0), "avg_size=0", "at least 1 byte"),
+        (lambda: faults.Slicer(avg_size=10, size_variation=10), "size_variation=10", "smaller than avg_size"),
+        (lambda: faults.Slicer(avg_size=10, delay_us=-1), "delay_us=-1", "microseconds"),
+        (lambda: faults.LimitData(bytes=-1), "bytes=-1", "byte budget"),
+        (lambda: faults.KillBroker("rabbitmq"), "'rabbitmq'", "activemq, kafka, postgres"),
+        (lambda: faults.Pause(pid=0), "pid=0", "Managed.pid"),
+        (lambda: faults.Pause(pid=os.getpid()), f"pid={os.getpid()}", "pause a worker"),
+        (lambda: faults.Latency(ms=10).on("", API), "bad proxy ''", "name the proxy"),
     ],
 )
 def test_bad_spec_names_the_value_and_the_fix(make: Any, needle: str, fix: str) -> None:
@@ -64,8 +52,8 @@ def test_bad_spec_names_the_value_and_the_fix(make: Any, needle: str, fix: str) 
 
 
 def test_good_specs_are_frozen_values() -> None:
-    a = Latency(ms=200, jitter_ms=20, stream="upstream", toxicity=0.5)
-    b = Latency(200, 20, stream="upstream", toxicity=0.5)
+    a = faults.Latency(ms=200, jitter_ms=20, stream="upstream", toxicity=0.5)
+    b = faults.Latency(200, 20, stream="upstream", toxicity=0.5)
     assert a == b
     assert hash(a) == hash(b)
     with pytest.raises(AttributeError):
@@ -74,9 +62,9 @@ def test_good_specs_are_frozen_values() -> None:
     assert fault.name == "latency:postgres:upstream"
     assert fault.params()["ms"] == 200
     assert fault.params()["toxicity"] == 0.5
-    assert Latency(1).on("postgres", API).toxic != Latency(1).on("postgres", API).toxic  # no 409 on reuse
-    assert Partition().on("kafka", API).name == "partition:kafka"
-    assert Slicer(avg_size=10, size_variation=9, delay_us=5).attributes() == {
+    assert faults.Latency(1).on("postgres", API).toxic != faults.Latency(1).on("postgres", API).toxic  # no 409 on reuse
+    assert faults.Partition().on("kafka", API).name == "partition:kafka"
+    assert faults.Slicer(avg_size=10, size_variation=9, delay_us=5).attributes() == {
         "average_size": 10,
         "size_variation": 9,
         "delay": 5,
@@ -116,7 +104,7 @@ def _events(tmp_path: Path) -> list[dict[str, Any]]:
 def test_active_records_a_start_end_pair(tmp_path: Path) -> None:
     fault = Recording()
     assert isinstance(fault, Fault)
-    with LedgerWriter(tmp_path, "faults") as ledger, active(fault, ledger) as got:
+    with LedgerWriter(tmp_path, "faults") as ledger, faults.active(fault, ledger) as got:
         assert got is fault
         assert fault.calls == ["apply"]
     assert fault.calls == ["apply", "heal"]
@@ -131,7 +119,7 @@ def test_active_records_a_start_end_pair(tmp_path: Path) -> None:
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_active_heals_when_the_body_raises(tmp_path: Path, error: type[BaseException]) -> None:
     fault = Recording()
-    with pytest.raises(error), LedgerWriter(tmp_path, "faults") as ledger, active(fault, ledger):
+    with pytest.raises(error), LedgerWriter(tmp_path, "faults") as ledger, faults.active(fault, ledger):
         raise error()
     assert fault.calls == ["apply", "heal"]
     assert json.loads(_events(tmp_path)[-1]["detail"])["error"] == error.__name__
@@ -139,6 +127,6 @@ def test_active_heals_when_the_body_raises(tmp_path: Path, error: type[BaseExcep
 
 def test_active_heals_a_half_applied_fault(tmp_path: Path) -> None:
     fault = Recording(fail_apply=True)
-    with pytest.raises(RuntimeError, match="half-way"), active(fault):
+    with pytest.raises(RuntimeError, match="half-way"), faults.active(fault):
         pytest.fail("the body must not run when apply failed")
     assert fault.calls == ["apply", "heal"]
