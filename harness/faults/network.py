@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError
@@ -35,11 +35,23 @@ def _proxy_name(proxy: str | Endpoint) -> str:
     return name
 
 
+class Setting(NamedTuple):
+    """One whole-number setting of a toxic: its field, its Toxiproxy attribute, and how a bad value is named."""
+
+    field: str
+    attribute: str
+    label: str
+    hint: str
+    low: int = 0
+
+
 @dataclass(frozen=True)
 class ToxicSpec:
     """Fields every toxic has: the direction it acts on and the share of connections it hits."""
 
     type: ClassVar[str] = ""
+    # The toxic's whole-number settings, checked in order and sent as its Toxiproxy attributes.
+    settings: ClassVar[tuple[Setting, ...]] = ()
     stream: str = field(default="downstream", kw_only=True)
     toxicity: float = field(default=1.0, kw_only=True)
 
@@ -48,10 +60,12 @@ class ToxicSpec:
         check_number(
             "toxicity", self.toxicity, low=0.0, high=1.0, hint="toxicity is the share of connections hit: 0.0 to 1.0"
         )
+        for setting in self.settings:
+            check_int(setting.label, getattr(self, setting.field), low=setting.low, hint=setting.hint)
 
     def attributes(self) -> dict[str, int]:
         """Return the Toxiproxy attributes of this toxic."""
-        raise NotImplementedError
+        return {setting.attribute: getattr(self, setting.field) for setting in self.settings}
 
     def on(self, proxy: str | Endpoint, stack: Stack) -> ToxicFault:
         """Bind this toxic to ``proxy`` (a name like ``postgres``, or an ``Endpoint``) of ``stack``."""
@@ -63,16 +77,12 @@ class Latency(ToxicSpec):
     """Delay every chunk of data by ``ms`` ± ``jitter_ms`` milliseconds."""
 
     type: ClassVar[str] = "latency"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("ms", "latency", "latency ms", "latency is a delay in whole milliseconds, e.g. Latency(ms=200)"),
+        Setting("jitter_ms", "jitter", "jitter_ms", "jitter is ± whole milliseconds around the latency; 0 for none"),
+    )
     ms: int
     jitter_ms: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("latency ms", self.ms, hint="latency is a delay in whole milliseconds, e.g. Latency(ms=200)")
-        check_int("jitter_ms", self.jitter_ms, hint="jitter is ± whole milliseconds around the latency; 0 for none")
-
-    def attributes(self) -> dict[str, int]:
-        return {"latency": self.ms, "jitter": self.jitter_ms}
 
 
 @dataclass(frozen=True)
@@ -80,14 +90,10 @@ class Bandwidth(ToxicSpec):
     """Limit the connection to ``kb_per_s`` kilobytes per second."""
 
     type: ClassVar[str] = "bandwidth"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("kb_per_s", "rate", "kb_per_s", "give at least 1 KB/s; to stop all data use Timeout(ms=0)", low=1),
+    )
     kb_per_s: int
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("kb_per_s", self.kb_per_s, low=1, hint="give at least 1 KB/s; to stop all data use Timeout(ms=0)")
-
-    def attributes(self) -> dict[str, int]:
-        return {"rate": self.kb_per_s}
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,10 @@ class SlowClose(ToxicSpec):
     """Delay the close of the connection by ``delay_ms`` after the other side closed it."""
 
     type: ClassVar[str] = "slow_close"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("delay_ms", "delay", "delay_ms", "the close delay is in whole milliseconds"),
+    )
     delay_ms: int
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("delay_ms", self.delay_ms, hint="the close delay is in whole milliseconds")
-
-    def attributes(self) -> dict[str, int]:
-        return {"delay": self.delay_ms}
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,10 @@ class Timeout(ToxicSpec):
     """Stop all data (a half-open connection); close it after ``ms``, or never when ``ms`` is 0."""
 
     type: ClassVar[str] = "timeout"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("ms", "timeout", "timeout ms", "0 keeps the connection half-open until healed; else whole ms"),
+    )
     ms: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("timeout ms", self.ms, hint="0 keeps the connection half-open until healed; else whole ms")
-
-    def attributes(self) -> dict[str, int]:
-        return {"timeout": self.ms}
 
 
 @dataclass(frozen=True)
@@ -125,14 +123,10 @@ class ResetPeer(ToxicSpec):
     """Reset the connection (TCP RST) after ``timeout_ms``, at once when 0."""
 
     type: ClassVar[str] = "reset_peer"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("timeout_ms", "timeout", "timeout_ms", "the delay before the reset, in whole ms (0: at once)"),
+    )
     timeout_ms: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("timeout_ms", self.timeout_ms, hint="the delay before the reset, in whole ms (0: at once)")
-
-    def attributes(self) -> dict[str, int]:
-        return {"timeout": self.timeout_ms}
 
 
 @dataclass(frozen=True)
@@ -140,23 +134,22 @@ class Slicer(ToxicSpec):
     """Cut data into ``avg_size`` ± ``size_variation`` byte pieces, ``delay_us`` microseconds apart."""
 
     type: ClassVar[str] = "slicer"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("avg_size", "average_size", "avg_size", "the average piece is at least 1 byte", low=1),
+        Setting("size_variation", "size_variation", "size_variation", "the variation is whole bytes, below avg_size"),
+        Setting("delay_us", "delay", "delay_us", "the delay between pieces is whole microseconds"),
+    )
     avg_size: int
     size_variation: int = 0
     delay_us: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("avg_size", self.avg_size, low=1, hint="the average piece is at least 1 byte")
-        check_int("size_variation", self.size_variation, hint="the variation is whole bytes, below avg_size")
-        check_int("delay_us", self.delay_us, hint="the delay between pieces is whole microseconds")
         if self.size_variation >= self.avg_size:
             raise ConfigError(
                 f"size_variation={self.size_variation} is not below avg_size={self.avg_size}",
                 hint="pieces are avg_size ± size_variation bytes: make size_variation smaller than avg_size",
             )
-
-    def attributes(self) -> dict[str, int]:
-        return {"average_size": self.avg_size, "size_variation": self.size_variation, "delay": self.delay_us}
 
 
 @dataclass(frozen=True)
@@ -164,14 +157,10 @@ class LimitData(ToxicSpec):
     """Close the connection once ``bytes`` bytes went through (counted from when the toxic is added)."""
 
     type: ClassVar[str] = "limit_data"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting("bytes", "bytes", "bytes", "the byte budget is a whole number (0 closes at the first byte)"),
+    )
     bytes: int
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("bytes", self.bytes, hint="the byte budget is a whole number (0 closes at the first byte)")
-
-    def attributes(self) -> dict[str, int]:
-        return {"bytes": self.bytes}
 
 
 @dataclass(frozen=True)
