@@ -145,7 +145,11 @@ def main(ctx: ProcessContext) -> None:
         ctx.crash_point("bank_after_transfer", op=op)
         return transfer_id
 
-    server = BankServer(int(ctx.options["port"]), execute)
+    serve_until_stopped(ctx, BankServer(int(ctx.options["port"]), execute), engine.dispose)
+
+
+def serve_until_stopped(ctx: ProcessContext, server: ThreadingHTTPServer, cleanup: Callable[[], None]) -> None:
+    """Serve ``server`` on a thread, say the process is ready, and until it is stopped; then close, then ``cleanup``."""
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     serving.start()
     ctx.ready()
@@ -155,7 +159,7 @@ def main(ctx: ProcessContext) -> None:
     finally:
         server.shutdown()
         server.server_close()
-        engine.dispose()
+        cleanup()
 
 
 def _credit(ctx: HandlerContext, amount: int) -> None:

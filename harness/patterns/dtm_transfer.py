@@ -42,6 +42,7 @@ from harness.clients import db
 from harness.clients.dtm import DtmClient
 from harness.errors import ConfigError, HarnessError
 from harness.ledger.schema import Kind
+from harness.patterns.bank import serve_until_stopped
 from harness.patterns.dtm_barrier import (
     CHECKBACK_SUCCESS,
     INSERT_IGNORE,
@@ -148,16 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
 def _serve(ctx: ProcessContext, routes: dict[Any, Any], cleanup: Callable[[], None]) -> None:
     server = _Server(("127.0.0.1", int(ctx.options["port"])), _Handler)
     server.routes = routes
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    ctx.ready()
-    try:
-        while not ctx.stopping.wait(0.2):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        cleanup()
+    serve_until_stopped(ctx, server, cleanup)
 
 
 class _Refused(Exception):
