@@ -30,15 +30,20 @@ __all__ = ["TARGETS", "Target", "main"]  # TARGETS lives in harness.machines.tar
 console = Console(emoji=False, soft_wrap=True)
 
 
+def _timed_run(machine: Any, examples: int) -> tuple[str, float]:
+    """Run ``machine`` for up to ``examples`` examples; return the failure's text ("" if none) and the seconds taken."""
+    started = time.monotonic()
+    error = ""
+    try:
+        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=examples, database=None))
+    except AssertionError as exc:
+        error = str(exc)
+    return error, time.monotonic() - started
+
+
 def _search(target: Target, endpoints: Endpoints, cap: int) -> dict[str, Any]:
     machine = target.machine(target.bad, endpoints, **target.attrs)
-    started = time.monotonic()
-    found_error = ""
-    try:
-        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=cap, database=None))
-    except AssertionError as exc:
-        found_error = str(exc)
-    took = time.monotonic() - started
+    found_error, took = _timed_run(machine, cap)
     found = machine.found_at
     return {
         "found": found is not None and target.anomaly in found_error,
@@ -52,14 +57,9 @@ def _search(target: Target, endpoints: Endpoints, cap: int) -> dict[str, Any]:
 
 def _throughput(target: Target, endpoints: Endpoints, examples: int) -> dict[str, Any]:
     machine = target.machine(target.fixed, endpoints, **target.attrs)
-    started = time.monotonic()
-    error = ""
-    try:
-        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=examples, database=None))
-    except AssertionError as exc:
-        error = str(exc).splitlines()[0]
-    took = time.monotonic() - started
-    return {"examples": machine.examples, "per_min": machine.examples / took * 60, "error": error}
+    error, took = _timed_run(machine, examples)
+    first_line = (error.splitlines() or [""])[0]
+    return {"examples": machine.examples, "per_min": machine.examples / took * 60, "error": first_line}
 
 
 def main(argv: list[str] | None = None) -> int:
