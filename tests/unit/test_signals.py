@@ -31,6 +31,20 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) ->
         time.sleep(0.02)
 
 
+def _start(args: list[str], cwd: Path, marker: Path) -> subprocess.Popen[str]:
+    """Start ``args`` with its output captured and wait until it writes ``marker``."""
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(marker, proc)
+    return proc
+
+
+def _start_cli(tmp_path: Path, command: str, marker: str) -> subprocess.Popen[str]:
+    """Start ``txchaos status`` in a child Python whose command runs ``command`` (``out`` is ``tmp_path``)."""
+    body = textwrap.indent(textwrap.dedent(command), " " * 4)
+    script = CLI_SCRIPT.format(out=str(tmp_path), body=body)
+    return _start([sys.executable, "-c", script], REPO, tmp_path / marker)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -44,6 +58,22 @@ def _reap(pid: int) -> None:
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
 
+
+# `txchaos status` with its command replaced by a long one ({body}): what the signal interrupts.
+CLI_SCRIPT = """
+import subprocess, sys, time
+from pathlib import Path
+import harness.cli as cli
+
+out = Path({out!r})
+
+def long_command(args):
+{body}
+    return 0
+
+cli.cmd_status = long_command
+sys.exit(cli.main(["status"]))
+"""
 
 # A pytest file whose session fixture stands for the stack: its teardown is the healing.
 SESSION_TEST = """
@@ -70,28 +100,14 @@ def test_long_run(stack):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_cli_main_heals_and_exits_3_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
-    script = textwrap.dedent(f"""
-        import sys, time
-        from pathlib import Path
-        import harness.cli as cli
-
-        out = Path({str(tmp_path)!r})
-
-        def long_command(args):
-            try:
-                (out / "started").write_text("yes")
-                time.sleep(60)
-            finally:
-                (out / "healed").write_text("yes")
-            return 0
-
-        cli.cmd_status = long_command
-        sys.exit(cli.main(["status"]))
-    """)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    _wait_for(tmp_path / "started", proc)
+    command = """
+        try:
+            (out / "started").write_text("yes")
+            time.sleep(60)
+        finally:
+            (out / "healed").write_text("yes")
+    """
+    proc = _start_cli(tmp_path, command, "started")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, (out, err)
@@ -104,14 +120,8 @@ def test_cli_main_heals_and_exits_3_on_signal(tmp_path: Path, sig: signal.Signal
 def test_pytest_session_tears_down_and_exits_3_on_sigterm(tmp_path: Path) -> None:
     test_file = tmp_path / "test_long.py"
     test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for(tmp_path / "started", proc)
+    pytest_args = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    proc = _start(pytest_args, tmp_path, tmp_path / "started")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert (tmp_path / "run-healed").exists(), out + err
@@ -123,14 +133,8 @@ def test_pytest_session_tears_down_and_exits_3_on_sigterm(tmp_path: Path) -> Non
 def test_txchaos_test_passes_sigterm_on_to_its_pytest_child(tmp_path: Path) -> None:
     test_file = tmp_path / "test_long.py"
     test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "test", str(test_file), "-q", "-p", "no:cacheprovider"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _wait_for(tmp_path / "started", proc)
+    txchaos_args = [sys.executable, "-m", "harness.cli", "test", str(test_file), "-q", "-p", "no:cacheprovider"]
+    proc = _start(txchaos_args, REPO, tmp_path / "started")
     child = int((tmp_path / "pid").read_text())
     proc.send_signal(signal.SIGTERM)
     try:
@@ -146,26 +150,12 @@ def test_txchaos_test_passes_sigterm_on_to_its_pytest_child(tmp_path: Path) -> N
 
 def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
     # A JVM pyspark was still launching when the signal came is such a child: nothing tracks it.
-    script = textwrap.dedent(f"""
-        import subprocess, sys, time
-        from pathlib import Path
-        import harness.cli as cli
-
-        out = Path({str(tmp_path)!r})
-
-        def long_command(args):
-            child = subprocess.Popen(["sleep", "60"])
-            (out / "child").write_text(str(child.pid))
-            time.sleep(60)
-            return 0
-
-        cli.cmd_status = long_command
-        sys.exit(cli.main(["status"]))
-    """)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    _wait_for(tmp_path / "child", proc)
+    command = """
+        child = subprocess.Popen(["sleep", "60"])
+        (out / "child").write_text(str(child.pid))
+        time.sleep(60)
+    """
+    proc = _start_cli(tmp_path, command, "child")
     child = int((tmp_path / "child").read_text())
     proc.send_signal(signal.SIGTERM)
     try:
