@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -16,15 +16,6 @@ from harness.stack.local import LocalProvider
 from harness.stack.waits import stomp_connected
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def proxies(txchaos_stack: Endpoints) -> Iterator[ToxiproxyAdmin]:
-    admin = ToxiproxyAdmin(txchaos_stack.toxiproxy_api)
-    try:
-        yield admin
-    finally:
-        admin.reset()  # heal even when the test failed half-way
 
 
 def _stomp_ok(ep: Endpoints) -> bool:

@@ -24,15 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.dtm]
 
 
 @pytest.fixture
-def proxies(txchaos_stack: Endpoints) -> Iterator[ToxiproxyAdmin]:
-    admin = ToxiproxyAdmin(txchaos_stack.toxiproxy_api)
-    try:
-        yield admin
-    finally:
-        admin.reset()  # heal even when the test failed half-way
-
-
-@pytest.fixture
 def dtm(txchaos_stack: Endpoints) -> DtmClient:
     assert txchaos_stack.dtm is not None, "this stack has no DTM server: start a new one"
     return DtmClient(txchaos_stack.dtm.host, txchaos_stack.dtm.port, timeout=2.0)
