@@ -129,23 +129,25 @@ def test_a_crashed_members_batch_comes_back(txchaos_stack: Endpoints, static: bo
     assert generation == dead_generation if static else generation > dead_generation
 
 
+def _copy_in_transaction(
+    producer: OutputProducer, consumer: GroupConsumer, records: list[kafka.Record], source: str, out: str
+) -> None:
+    """Begin a transaction holding ``records`` copied to ``out`` and the offset past them on ``source``."""
+    producer.begin()
+    for r in records:
+        producer.produce(out, r.value, key=r.key)
+    producer.send_offsets({(source, 0): records[-1].offset + 1}, consumer)
+
+
 def test_a_transaction_commits_outputs_and_offsets_together(txchaos_stack: Endpoints) -> None:
     bs, group = txchaos_stack.kafka.address, f"g-{uuid.uuid4().hex[:8]}"
     source, out = _topic(txchaos_stack), _topic(txchaos_stack, records=0)
     consumer = GroupConsumer(bs, group, [source])
     producer = OutputProducer(bs, transactional_id=f"tx-{group}")
     try:
-        first = _poll(consumer, 5)
-        producer.begin()
-        for r in first:
-            producer.produce(out, r.value, key=r.key)
-        producer.send_offsets({(source, 0): first[-1].offset + 1}, consumer)
+        _copy_in_transaction(producer, consumer, _poll(consumer, 5), source, out)
         producer.commit()
-        second = _poll(consumer, 5)
-        producer.begin()
-        for r in second:
-            producer.produce(out, r.value, key=r.key)
-        producer.send_offsets({(source, 0): second[-1].offset + 1}, consumer)
+        _copy_in_transaction(producer, consumer, _poll(consumer, 5), source, out)
         producer.abort()
     finally:
         producer.close()

@@ -198,20 +198,26 @@ def _drain(client: StompClient, q: str) -> Iterator[object]:
     return drain(client, [q], idle_s=1.0, max_s=10)
 
 
+def _produce_killed_on_op_b(ep: Endpoints, mode: str, point: str) -> str:
+    """Produce op-a, op-b through a Kafka trap proxy that kills the client at ``point`` on op-b; return the topic."""
+    topic = f"txchaos-traps-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(ep.kafka.address, [topic], partitions=1)
+    traps = TrapSet()
+    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
+        client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, mode, topic, "op-a", "op-b")
+        traps.arm(Trap(point, Kill(client.pid), op="op-b"))
+        rc, out, err = client.start().finish()
+    assert rc == SIGKILL_RC, err
+    assert out.split("\n")[:-1] == ["committed op-a"]
+    return topic
+
+
 @pytest.mark.kafka
 def test_kafka_after_produce_kill_leaves_the_record_written_and_every_connection_trapped(
     txchaos_stack: Endpoints,
 ) -> None:
     ep = txchaos_stack
-    topic = f"txchaos-traps-{uuid.uuid4().hex[:8]}"
-    kafka.create_topics(ep.kafka.address, [topic], partitions=1)
-    traps = TrapSet()
-    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
-        client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, "kafka", topic, "op-a", "op-b")
-        traps.arm(Trap("kafka_after_produce", Kill(client.pid), op="op-b"))
-        rc, out, err = client.start().finish()
-    assert rc == SIGKILL_RC, err
-    assert out.split("\n")[:-1] == ["committed op-a"]
+    topic = _produce_killed_on_op_b(ep, "kafka", "kafka_after_produce")
     values = [v for _, v in kafka.consume_all(ep.kafka.address, topic, expect=2, timeout=20)]
     assert values == ['{"op": "op-a"}', '{"op": "op-b"}']  # the produce the client never saw acknowledged
 
@@ -219,15 +225,7 @@ def test_kafka_after_produce_kill_leaves_the_record_written_and_every_connection
 @pytest.mark.kafka
 def test_kafka_before_end_txn_kill_never_commits_the_transaction(txchaos_stack: Endpoints) -> None:
     ep = txchaos_stack
-    topic = f"txchaos-traps-{uuid.uuid4().hex[:8]}"
-    kafka.create_topics(ep.kafka.address, [topic], partitions=1)
-    traps = TrapSet()
-    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
-        client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, "kafka-txn", topic, "op-a", "op-b")
-        traps.arm(Trap("kafka_before_end_txn", Kill(client.pid), op="op-b"))
-        rc, out, err = client.start().finish()
-    assert rc == SIGKILL_RC, err
-    assert out.split("\n")[:-1] == ["committed op-a"]
+    topic = _produce_killed_on_op_b(ep, "kafka-txn", "kafka_before_end_txn")
     # A successor with the same transactional id aborts the open transaction, then a marker proves
     # the read_committed reader got past where op-b was written.
     fence = kafka.OutputProducer(ep.kafka.address, transactional_id=f"{topic}-tx")

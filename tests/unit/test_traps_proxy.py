@@ -52,6 +52,15 @@ def upstream() -> Iterator[Upstream]:
     up.server.close()
 
 
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """Yield a sleeping process for a trap to act on, killed and reaped after the test."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    yield sleeper
+    sleeper.kill()
+    sleeper.wait()
+
+
 def wait_for(cond: object, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
     while not cond():  # type: ignore[operator]
@@ -95,44 +104,38 @@ def test_before_commit_drop_holds_the_commit_and_closes_both_sides(upstream: Ups
     assert traps.armed == ()  # a trap fires once
 
 
-def test_after_commit_kill_signals_the_process_before_the_client_sees_anything(upstream: Upstream) -> None:
-    child = subprocess.Popen(["sleep", "60"])
+def test_after_commit_kill_signals_the_process_before_the_client_sees_anything(
+    upstream: Upstream, child: subprocess.Popen[bytes]
+) -> None:
     traps = TrapSet()
     traps.arm(Trap("pg_after_commit", Kill(lambda: child.pid), nth=2))
-    try:
-        with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
-            client.sendall(STARTUP)
-            for _ in range(2):
-                client.sendall(q("BEGIN; INSERT 1; COMMIT") if _ == 0 else q("COMMIT"))
-                wait_for(lambda: upstream.received.endswith(b"COMMIT\x00"))
-                upstream.received.clear()
-                upstream.send(cc("COMMIT") + rfq(b"I"))
-                if _ == 0:
-                    recv_exactly(client, len(cc("COMMIT") + rfq(b"I")))
-            assert client.recv(10) == b""  # the confirmation was held, then the connection closed
-        assert child.wait(5) == -9
-        assert traps.hits("pg_after_commit") == 2
-    finally:
-        child.kill()
-        child.wait()
+    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+        client.sendall(STARTUP)
+        for _ in range(2):
+            client.sendall(q("BEGIN; INSERT 1; COMMIT") if _ == 0 else q("COMMIT"))
+            wait_for(lambda: upstream.received.endswith(b"COMMIT\x00"))
+            upstream.received.clear()
+            upstream.send(cc("COMMIT") + rfq(b"I"))
+            if _ == 0:
+                recv_exactly(client, len(cc("COMMIT") + rfq(b"I")))
+        assert client.recv(10) == b""  # the confirmation was held, then the connection closed
+    assert child.wait(5) == -9
+    assert traps.hits("pg_after_commit") == 2
 
 
-def test_freeze_stops_the_process_and_thaw_releases_the_held_message(upstream: Upstream) -> None:
-    child = subprocess.Popen(["sleep", "60"])
+def test_freeze_stops_the_process_and_thaw_releases_the_held_message(
+    upstream: Upstream, child: subprocess.Popen[bytes]
+) -> None:
     traps = TrapSet()
     traps.arm(Trap("pg_before_commit", Freeze(lambda: child.pid), nth=1))
-    try:
-        with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
-            client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
-            wait_for(lambda: _state(child.pid) == "T")
-            time.sleep(0.1)
-            assert not bytes(upstream.received).endswith(q("COMMIT"))
-            assert traps.thaw() == 1
-            wait_for(lambda: bytes(upstream.received).endswith(q("COMMIT")))
-            assert _state(child.pid) in "SR"
-    finally:
-        child.kill()
-        child.wait()
+    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+        client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
+        wait_for(lambda: _state(child.pid) == "T")
+        time.sleep(0.1)
+        assert not bytes(upstream.received).endswith(q("COMMIT"))
+        assert traps.thaw() == 1
+        wait_for(lambda: bytes(upstream.received).endswith(q("COMMIT")))
+        assert _state(child.pid) in "SR"
 
 
 def _state(pid: int) -> str:
