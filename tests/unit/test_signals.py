@@ -45,6 +45,17 @@ def _start_cli(tmp_path: Path, command: str, marker: str) -> subprocess.Popen[st
     return _start([sys.executable, "-c", script], REPO, tmp_path / marker)
 
 
+def _terminate(proc: subprocess.Popen[str], child: int) -> tuple[str, str, bool]:
+    """SIGTERM ``proc`` and collect its output; return it and whether ``child`` outlived it (then killed)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        alive = _alive(child)
+        _reap(child)
+    return out, err, alive
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,13 +146,7 @@ def test_txchaos_test_passes_sigterm_on_to_its_pytest_child(tmp_path: Path) -> N
     test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
     txchaos_args = [sys.executable, "-m", "harness.cli", "test", str(test_file), "-q", "-p", "no:cacheprovider"]
     proc = _start(txchaos_args, REPO, tmp_path / "started")
-    child = int((tmp_path / "pid").read_text())
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        alive = _alive(child)
-        _reap(child)
+    out, err, alive = _terminate(proc, int((tmp_path / "pid").read_text()))
     assert not alive, "the pytest child outlived `txchaos test`"
     assert (tmp_path / "stack-stopped").exists(), out + err
     assert proc.returncode == 3, out + err
@@ -156,12 +161,6 @@ def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
         time.sleep(60)
     """
     proc = _start_cli(tmp_path, command, "child")
-    child = int((tmp_path / "child").read_text())
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        alive = _alive(child)
-        _reap(child)
+    out, err, alive = _terminate(proc, int((tmp_path / "child").read_text()))
     assert proc.returncode == 3, (out, err)
     assert not alive, "an untracked child outlived the terminated command"
