@@ -22,7 +22,15 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.paths import stacks_root
-from harness.stack.procs import _has_tag, _registry, claimed_tags, kill_group, kill_group_wait, reap_orphans
+from harness.stack.procs import (
+    _has_tag,
+    _registry,
+    claimed_tags,
+    kill_group,
+    kill_group_wait,
+    read_records,
+    reap_orphans,
+)
 
 KEEP_LOGS = 10  # log folders of stopped stacks kept; a start removes older ones
 STACK_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{4}$")
@@ -70,11 +78,7 @@ class ServiceRecipe:
 def tagged_pids(tag: str) -> list[int]:
     """Return the live pids the process registry records under ``tag`` (a restarted service too)."""
     found = []
-    for path in sorted(_registry().glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for path, rec in read_records(_registry()):
         if rec.get("tag") != tag:
             continue
         pid = int(rec["pid"])

@@ -28,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -218,14 +218,20 @@ def claimed_tags() -> list[str]:
     return tags
 
 
-def release_paths(tag_prefix: str) -> list[str]:
-    """Remove every path claimed under a tag starting with ``tag_prefix``, and the claims; returns the paths."""
-    removed = []
-    for record in sorted(_paths_registry().glob("*.json")):
+def read_records(folder: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Yield each JSON record in ``folder`` with its content, by name; one that cannot be read is passed over."""
+    for record in sorted(folder.glob("*.json")):
         try:
             rec = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
+        yield record, rec
+
+
+def release_paths(tag_prefix: str) -> list[str]:
+    """Remove every path claimed under a tag starting with ``tag_prefix``, and the claims; returns the paths."""
+    removed = []
+    for record, rec in read_records(_paths_registry()):
         if str(rec.get("tag", "")).startswith(tag_prefix):
             removed += _remove_claimed(record, rec)
     return removed
