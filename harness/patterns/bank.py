@@ -79,12 +79,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(201, {"transfer_id": self.server.execute(op, amount)})
 
     def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, status, body)
+
+
+def reply_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    """Answer the request ``handler`` serves with ``status`` and ``body`` as JSON."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 class BankServer(ThreadingHTTPServer):

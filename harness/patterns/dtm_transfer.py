@@ -42,7 +42,7 @@ from harness.clients import db
 from harness.clients.dtm import DtmClient
 from harness.errors import ConfigError, HarnessError
 from harness.ledger.schema import Kind
-from harness.patterns.bank import serve_until_stopped
+from harness.patterns.bank import reply_json, serve_until_stopped
 from harness.patterns.dtm_barrier import (
     CHECKBACK_SUCCESS,
     INSERT_IGNORE,
@@ -101,18 +101,9 @@ def money(engine: db.Engine) -> tuple[int, int]:
     return int(debited), int(credited)
 
 
-def _reply(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
-    data = json.dumps(body).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
 def _dtm_reply(handler: BaseHTTPRequestHandler, result: str) -> None:
     # DTM reads 200 as SUCCESS and 409 as FAILURE; anything else is retried later.
-    _reply(handler, 200 if result == CHECKBACK_SUCCESS else 409, {"dtm_result": result})
+    reply_json(handler, 200 if result == CHECKBACK_SUCCESS else 409, {"dtm_result": result})
 
 
 class _Server(ThreadingHTTPServer):
@@ -129,12 +120,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
         route = self.server.routes.get((method, url.path))
         if route is None:
-            _reply(self, 404, {"error": f"no route {method} {url.path}"})
+            reply_json(self, 404, {"error": f"no route {method} {url.path}"})
             return
         try:
             route(self, query, body)
         except Exception as exc:  # the caller (driver or DTM) retries or gives up; never kill the server
-            _reply(self, 500, {"error": repr(exc)})
+            reply_json(self, 500, {"error": repr(exc)})
 
     def do_GET(self) -> None:
         self._route("GET")
@@ -196,7 +187,7 @@ def service(ctx: ProcessContext) -> None:
             dtm.call("POST", "prepare", body)
         except HarnessError as exc:  # nothing done yet: the transfer is refused (DTM may still check back)
             ctx.record(Kind.ERROR, op=op, msg=gid, dest="dtm", error=f"prepare: {exc}")
-            _reply(handler, 503, {"result": "not prepared", "error": str(exc)})
+            reply_json(handler, 503, {"result": "not prepared", "error": str(exc)})
             return
         ctx.record(Kind.PREPARE, op=op, msg=gid, dest="dtm")
         ctx.crash_point("after_prepare", op=op, msg=gid)
@@ -212,7 +203,7 @@ def service(ctx: ProcessContext) -> None:
                 ctx.crash_point("before_local_commit", op=op, msg=gid)
         except _Refused:
             ctx.record(Kind.DB_ROLLBACK, op=op, msg=gid, dest="dtm_debits", why="the check-back claimed the barrier")
-            _reply(handler, 409, {"result": "rolled back"})
+            reply_json(handler, 409, {"result": "rolled back"})
             return
         except Exception as exc:  # rolled back, or committed with the answer lost: resolve() tells
             ctx.record(Kind.ERROR, op=op, msg=gid, dest="dtm_debits", error=f"local transaction: {exc!r}")
@@ -221,7 +212,7 @@ def service(ctx: ProcessContext) -> None:
             except Exception as again:  # DTM's own check-back decides later
                 ctx.record(Kind.ERROR, op=op, msg=gid, error=f"resolve: {again!r}")
                 result = "unresolved"
-            _reply(handler, 503, {"result": result, "error": repr(exc)})
+            reply_json(handler, 503, {"result": result, "error": repr(exc)})
             return
         ctx.record(Kind.DB_COMMIT, op=op, msg=gid, dest="dtm_debits")
         ctx.record(Kind.SUBMIT, op=op, msg=gid, dest="dtm")
@@ -232,7 +223,7 @@ def service(ctx: ProcessContext) -> None:
         except HarnessError as exc:  # committed: the check-back will answer SUCCESS
             ctx.record(Kind.ERROR, op=op, msg=gid, dest="dtm", error=f"submit: {exc}")
         ctx.crash_point("after_submit", op=op, msg=gid)
-        _reply(handler, 200, {"result": "committed"})
+        reply_json(handler, 200, {"result": "committed"})
 
     def checkback_route(handler: BaseHTTPRequestHandler, query: dict[str, str], _: bytes) -> None:
         gid = query["gid"]
