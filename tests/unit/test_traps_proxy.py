@@ -92,7 +92,9 @@ def test_before_commit_drop_holds_the_commit_and_closes_both_sides(upstream: Ups
     traps = TrapSet(on_fire=fired.append)
     traps.arm(Trap("pg_before_commit", Drop(), op="op-1"))
     with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
-        client.sendall(STARTUP + q("BEGIN") + q("INSERT 'op-0'") + q("COMMIT"))  # another op: not this trap's
+        first = STARTUP + q("BEGIN") + q("INSERT 'op-0'") + q("COMMIT")  # another op: not this trap's
+        client.sendall(first)
+        wait_for(lambda: len(upstream.received) == len(first))  # all through before `before` is read
         upstream.send(cc("COMMIT") + rfq(b"I"))
         recv_exactly(client, len(cc("COMMIT") + rfq(b"I")))
         before = len(upstream.received)
