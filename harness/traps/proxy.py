@@ -135,16 +135,16 @@ class TrapProxy:
                 continue
             upstream.settimeout(None)
             cid = next(self._ids)
-            conn = _Connection(cid, client, upstream, self._session(), self.traps, self._forget, self._bind)
+            conn = _Connection(cid, client, upstream, self._session(), self.traps, self._forget, self._aim, self.label)
             with self._lock:
                 self._conns[cid] = conn
             conn.start()
 
-    def _bind(self, action: Kill | Freeze | Drop) -> tuple[str, Kill | Freeze | Drop]:
-        """Return this proxy's label and ``action`` aimed at its owner when the action names no process."""
+    def _aim(self, action: Kill | Freeze | Drop) -> Kill | Freeze | Drop:
+        """Return ``action`` aimed at this proxy's owner when it names no process."""
         if isinstance(action, Kill | Freeze) and action.pid is None and self.owner is not None:
-            action = replace(action, pid=self.owner)
-        return self.label, action
+            return replace(action, pid=self.owner)
+        return action
 
     def _forget(self, cid: int) -> None:
         with self._lock:
@@ -162,10 +162,12 @@ class _Connection:
         session: Session,
         traps: TrapSet,
         forget: Callable[[int], None],
-        bind: Callable[[Kill | Freeze | Drop], tuple[str, Kill | Freeze | Drop]],
+        aim: Callable[[Kill | Freeze | Drop], Kill | Freeze | Drop],
+        label: str,
     ) -> None:
         self.cid = cid
-        self._bind = bind
+        self._aim = aim
+        self._label = label
         self._client = client
         self._upstream = upstream
         self._session = session
@@ -225,13 +227,10 @@ class _Connection:
                 self._forget(self.cid)
 
     def _fire(self, hits: list[Hit]) -> tuple[Hit, Kill | Freeze | Drop] | None:
-        if not hits:
-            return None
-        where, _ = self._bind(Drop())
         for hit in hits:
-            matched = self._traps.match(hit, self.cid, where)
+            matched = self._traps.match(hit, self.cid, self._label)
             if matched is not None:
-                return hit, self._bind(matched[0].action)[1]
+                return hit, self._aim(matched[0].action)
         return None
 
 
