@@ -1,0 +1,3 @@
+module txchaos/trapd
+
+go 1.22
