@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -317,4 +318,88 @@ func BenchmarkKafkaCleanPath(b *testing.B) {
 			sess.Feed(false, fetch[at:min(at+32*1024, len(fetch))])
 		}
 	}
+}
+
+// The two pumps of a connection feed at once, and the connections of a cluster share its
+// transactions: run with -race.
+func TestKafkaPumpsAndConnectionsFeedAtOnce(t *testing.T) {
+	cluster := NewKafkaCluster(kArmed("op-1"), map[string]string{kToxi.String(): kTrap.String()})
+	var done sync.WaitGroup
+	for c := 0; c < 2; c++ {
+		sess := cluster.Session()
+		done.Add(2)
+		go func() {
+			defer done.Done()
+			for k := 0; k < 200; k++ {
+				sess.Feed(true, kRequest(kafkaProduce, 3, k, kProduceV3(kPtr("tx-a"), "op-1"), false))
+				sess.Feed(true, kRequest(kafkaEndTxn, 1, k, kCat(kS("tx-a"), kBe64(1), kBe16(0), []byte{1}), false))
+			}
+		}()
+		go func() {
+			defer done.Done()
+			for k := 0; k < 200; k++ {
+				sess.Feed(false, kResponse(k, []byte("produce-response-body"), false))
+			}
+		}()
+	}
+	done.Wait()
+}
+
+// FuzzKafkaBrokerRewrite feeds any Metadata or FindCoordinator response body, in any chunks: the
+// reader must not panic (it would take the relay down), and a body it cannot read must leave as
+// it came.
+func FuzzKafkaBrokerRewrite(f *testing.F) {
+	for _, version := range []int{0, 1, 5, 9, 12} {
+		f.Add(true, version, 3, kMetadataBrokers(version, []kBroker{{1, kToxi}, {2, kOther}}))
+	}
+	for _, version := range []int{0, 1, 3, 4} {
+		f.Add(false, version, 5, kFindCoordinator(version, kToxi))
+	}
+	f.Fuzz(func(t *testing.T, metadata bool, version, chunk int, body []byte) {
+		key := kafkaFindCoordinator
+		if metadata {
+			key = kafkaMetadata
+		}
+		version = version & 0x7FFF
+		chunk = 1 + chunk&0xFF
+		sess := kSession()
+		sess.Feed(true, kRequest(key, version, 7, nil, false))
+		resp := kResponse(7, body, false)
+		var out []byte
+		for at := 0; at < len(resp); at += chunk {
+			part, _ := sess.Feed(false, slices.Clone(resp[at:min(at+chunk, len(resp))]))
+			out = append(out, part...)
+		}
+		if _, ok := kafkaRewriteBrokers(key, version, body, map[string]kafkaAddr{}); !ok && !bytes.Equal(out, resp) {
+			t.Fatalf("an unreadable body changed: %q -> %q", resp, out)
+		}
+	})
+}
+
+// FuzzKafkaRequests feeds any request stream, in any chunks: the reader must not panic, and it
+// holds no request back, so what leaves is what came, but for a message still unfinished.
+func FuzzKafkaRequests(f *testing.F) {
+	f.Add(3, kCat(
+		kRequest(kafkaProduce, 3, 1, kProduceV3(kPtr("tx-a"), "op-1"), false),
+		kRequest(kafkaTxnOffsetCommit, 3, 2, kSc("tx-a", true), true),
+		kRequest(kafkaEndTxn, 3, 3, kCat(kSc("tx-a", true), kBe64(1), kBe16(0), []byte{1}), true),
+		kRequest(kafkaOffsetCommit, 8, 4, kSc("group-1", true), true),
+	))
+	f.Fuzz(func(t *testing.T, chunk int, stream []byte) {
+		chunk = 1 + chunk&0xFF
+		sess := kSession("op-1")
+		var out []byte
+		for at := 0; at < len(stream); at += chunk {
+			part, hits := sess.Feed(true, slices.Clone(stream[at:min(at+chunk, len(stream))]))
+			for _, h := range hits {
+				if h.Offset < 0 || h.Offset > len(part) || !slices.IsSorted(h.Ops) {
+					t.Fatalf("hit %+v in %d bytes", h, len(part))
+				}
+			}
+			out = append(out, part...)
+		}
+		if !bytes.HasPrefix(stream, out) {
+			t.Fatalf("%q left as %q", stream, out)
+		}
+	})
 }
