@@ -40,9 +40,9 @@ const (
 	kafkaTxnOffsetCommit = 28
 )
 
-// BodyCap bounds the bytes of a Produce request searched for op ids: its records beyond the first
-// MiB are not searched, so a huge batch costs the relay no more than that copy.
-const BodyCap = 1024 * 1024
+// kafkaBodyCap bounds the bytes of a Produce request searched for op ids: its records beyond
+// the first MiB are not searched, so a huge batch costs the relay no more than that copy.
+const kafkaBodyCap = 1024 * 1024
 
 // kafkaSmallCap bounds what is kept of an EndTxn or TxnOffsetCommit: only its head is read.
 const kafkaSmallCap = 64 * 1024
@@ -170,7 +170,7 @@ func (r *kafkaReader) array(compact bool) int {
 	return r.int32()
 }
 
-func appendUvarint(out []byte, value uint64) []byte {
+func kafkaAppendUvarint(out []byte, value uint64) []byte {
 	for value >= 0x80 {
 		out = append(out, byte(value)|0x80)
 		value >>= 7
@@ -180,7 +180,7 @@ func appendUvarint(out []byte, value uint64) []byte {
 
 func appendKafkaString(out, value []byte, compact bool) []byte {
 	if compact {
-		out = appendUvarint(out, uint64(len(value))+1)
+		out = kafkaAppendUvarint(out, uint64(len(value))+1)
 	} else {
 		out = binary.BigEndian.AppendUint16(out, uint16(len(value)))
 	}
@@ -588,7 +588,7 @@ func (s *kafkaSession) decideUp(size int, first []byte) (int, bool, kafkaInfo) {
 	}
 	switch {
 	case key == kafkaProduce:
-		return min(size, BodyCap), false, kafkaNone
+		return min(size, kafkaBodyCap), false, kafkaNone
 	case kafkaKeptUp(key):
 		return min(size, kafkaSmallCap), false, kafkaNone
 	}
@@ -640,7 +640,7 @@ func (s *kafkaSession) readUp(start int, body []byte, _ kafkaInfo) {
 		}
 		switch key {
 		case kafkaProduce:
-			ops = sortedOps(s.cluster.find(body))
+			ops = kafkaSortedOps(s.cluster.find(body))
 			if ok {
 				s.cluster.add(txn, ops)
 			}
@@ -667,8 +667,9 @@ func (s *kafkaSession) readDown(start int, _ []byte, info kafkaInfo) {
 	}
 }
 
-// sortedOps returns ops sorted and unique, as a Hit carries them, copying only when they are not.
-func sortedOps(ops []string) []string {
+// kafkaSortedOps returns ops sorted and unique, as a Hit carries them, copying only when they
+// are not.
+func kafkaSortedOps(ops []string) []string {
 	if ops == nil {
 		return []string{}
 	}

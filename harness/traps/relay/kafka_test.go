@@ -23,7 +23,7 @@ var (
 	kOther = kafkaAddrT{"127.0.0.1", 19093}
 )
 
-func kUvarint(n int) []byte { return appendUvarint(nil, uint64(n)) }
+func kUvarint(n int) []byte { return kafkaAppendUvarint(nil, uint64(n)) }
 
 // str encodes a Kafka string; nil is null.
 func kStr(value *string, compact bool) []byte {
