@@ -3,7 +3,7 @@
 The public API is what ``__all__`` lists; everything else may change. Names load lazily so
 ``import harness`` (and the pytest plugin) stays cheap.
 
-What a handler takes, by the ``broker`` of its ``ScenarioSpec`` (each has a runnable example in
+What a handler takes, by the ``flow`` of its ``ScenarioSpec`` (each has a runnable example in
 docs/handlers.md):
 
 - ``"activemq"``: ``def stage(ctx: StageContext) -> None`` per message; chain stages alike.

@@ -85,7 +85,7 @@ def _spec(
         contract=CONTRACT,
         expect=frozenset(expect),
         faults=faults,
-        broker="dtm",
+        flow="dtm",
     )
 
 

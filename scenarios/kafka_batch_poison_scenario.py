@@ -55,7 +55,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         NAME,
         seed,
         "harness.patterns.kafka_batch",
-        broker="kafka",
+        flow="kafka",
         schema="kafka_consumer",
         effect_table="kafka_effects",
         messages=MESSAGES,

@@ -72,7 +72,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         NAME,
         seed,
         "harness.patterns.kafka_consumer",
-        broker="kafka",
+        flow="kafka",
         schema="kafka_consumer",
         effect_table="kafka_effects",
         messages=MESSAGES,

@@ -61,7 +61,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         NAME,
         seed,
         "harness.patterns.kafka_cqrs",
-        broker="kafka_cqrs",
+        flow="kafka_cqrs",
         schema="kafka_cqrs",
         effect_table="cqrs_journal",
         effect_column="event_id",

@@ -80,7 +80,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         return ScenarioSpec(
             name=NAME,
             variant=variant,
-            broker="kafka_saga",
+            flow="kafka_saga",
             handler="harness.patterns.kafka_saga:orchestrator",
             schema="kafka_saga",
             effect_table="saga_payments",

@@ -23,7 +23,7 @@ from harness.machines.targets import TARGETS
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 # The ActiveMQ patterns but the 1PC stage, which has its own file (onepc_machine_scenario.py), as
 # has every Kafka pattern (kafka_*machine_scenario.py).
-PATTERNS = [name for name, target in TARGETS.items() if name != "onepc" and target().bad.broker == "activemq"]
+PATTERNS = [name for name, target in TARGETS.items() if name != "onepc" and target().bad.flow.name == "activemq"]
 # Generous: each pattern's bad variant was found within its first 7 examples when measured.
 SEARCH_CAP = 60
 

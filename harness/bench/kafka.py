@@ -21,6 +21,7 @@ from rich.console import Console
 from harness.bench.report import table, write_section
 from harness.bench.stack import run_seconds
 from harness.run.dispatch import run_spec
+from harness.run.registry import flow_named
 from harness.run.spec import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
@@ -41,7 +42,7 @@ def spec(variant: str, messages: int, batch: int, workers: int, partitions: int)
     return ScenarioSpec(
         name="bench_kafka",
         variant=variant,
-        broker="kafka",
+        flow=flow_named("kafka"),
         handler=f"harness.patterns.kafka_consumer:{handler}",
         schema="kafka_consumer",
         effect_table="kafka_effects",

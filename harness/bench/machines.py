@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _section(target: Target) -> str:
-    """Return the docs/benchmarks.md section of ``target``: one per issue (broker row)."""
-    if target.bad.broker == "activemq":
+    """Return the docs/benchmarks.md section of ``target``: one per issue (flow row)."""
+    if target.bad.flow.name == "activemq":
         return "State machines per pattern (issue 3)"
     return "Kafka state machines per pattern (issue 4)"

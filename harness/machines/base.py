@@ -60,8 +60,8 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
 
     spec: ClassVar[ScenarioSpec]
     endpoints: ClassVar[Endpoints]
-    # The ``broker`` values this machine drives; ``bind`` refuses any other spec.
-    brokers: ClassVar[tuple[str, ...]] = ()
+    # The names of the flows this machine drives; ``bind`` refuses a spec on any other.
+    flows: ClassVar[tuple[str, ...]] = ()
     # An example's run is given at most this long to settle: a stuck program must not stall the search.
     timeout_cap_s: ClassVar[float] = 20.0
     # The steps of the last example, in order: after a failure, the shrunk counterexample.
@@ -220,10 +220,12 @@ M = TypeVar("M", bound=MachineBase[Any])
 def bind(machine: type[M], spec: ScenarioSpec, endpoints: Endpoints, name: str, hint: str, **attrs: Any) -> type[M]:
     """Return a subclass of ``machine`` bound to ``spec`` and ``endpoints``, with fresh counters.
 
-    ``hint`` says which machine to use instead when ``spec`` runs on a broker ``machine`` does not drive.
+    ``hint`` says which machine to use instead when ``spec`` runs on a flow ``machine`` does not drive.
     """
-    if spec.broker not in machine.brokers:
-        raise ConfigError(f"{spec.label} runs on {spec.broker!r}, which {machine.__name__} does not drive", hint=hint)
+    if spec.flow.name not in machine.flows:
+        raise ConfigError(
+            f"{spec.label} runs on {spec.flow.name!r}, which {machine.__name__} does not drive", hint=hint
+        )
     if not isinstance(endpoints, Endpoints):
         raise ConfigError(
             f"endpoints must be an Endpoints object, not {type(endpoints).__name__}",

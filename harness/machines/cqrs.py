@@ -37,9 +37,9 @@ from harness.stack.base import Endpoints
 
 
 class CqrsMachine(StageMachine):
-    """Drive a CQRS replica (``broker="kafka_cqrs"``) with the Kafka stage machine's rules."""
+    """Drive a CQRS replica (``flow="kafka_cqrs"``) with the Kafka stage machine's rules."""
 
-    brokers = ("kafka_cqrs",)
+    flows = ("kafka_cqrs",)
     crash_points = KAFKA_RULES["crash_points"]
     redelivery_points = KAFKA_RULES["redelivery_points"]
     redelivery_actions = KAFKA_RULES["redelivery_actions"]
@@ -73,4 +73,4 @@ class CqrsMachine(StageMachine):
 def cqrs_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[CqrsMachine]:
     """Return a ``CqrsMachine`` subclass bound to ``spec`` and ``endpoints``."""
     name = f"Cqrs{spec.variant.title().replace('-', '')}Machine"
-    return bind(CqrsMachine, spec, endpoints, name, "the CQRS machine needs broker='kafka_cqrs'", **attrs)
+    return bind(CqrsMachine, spec, endpoints, name, "the CQRS machine needs flow='kafka_cqrs'", **attrs)

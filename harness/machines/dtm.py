@@ -49,7 +49,7 @@ TOXICS: dict[str, Callable[[], Any]] = {
 class DtmMachine(MachineBase[DtmRunSession]):
     """Drive ``spec``'s transfer against ``endpoints`` (class attributes, set by ``dtm_machine``)."""
 
-    brokers = ("dtm",)
+    flows = ("dtm",)
     timeout_cap_s = 40.0
     crash_points: ClassVar[tuple[str, ...]] = (*SERVICE_POINTS, *BRANCH_POINTS)
     dtm_restarts: ClassVar[bool] = True
@@ -134,6 +134,6 @@ class DtmMachine(MachineBase[DtmRunSession]):
 
 
 def dtm_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[DtmMachine]:
-    """Return a ``DtmMachine`` subclass bound to ``spec`` (``broker="dtm"``) and ``endpoints``."""
+    """Return a ``DtmMachine`` subclass bound to ``spec`` (``flow="dtm"``) and ``endpoints``."""
     name = f"Dtm{spec.variant.title().replace('-', '')}Machine"
-    return bind(DtmMachine, spec, endpoints, name, "pass a DTM spec (broker='dtm')", **attrs)
+    return bind(DtmMachine, spec, endpoints, name, "pass a DTM spec (flow='dtm')", **attrs)

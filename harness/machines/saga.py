@@ -47,7 +47,7 @@ FLAKY = (1, 9)  # a seat failing once (retried with backoff) or on every attempt
 class SagaMachine(NetworkMachine[SagaRunSession]):
     """Drive ``spec``'s saga against ``endpoints`` (class attributes, set by ``saga_machine``)."""
 
-    brokers = ("kafka_saga",)
+    flows = ("kafka_saga",)
     timeout_cap_s = 30.0
     network_proxies = PROXIES
     processes: ClassVar[tuple[str, ...]] = PROCESSES
@@ -128,6 +128,6 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
 
 
 def saga_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[SagaMachine]:
-    """Return a ``SagaMachine`` subclass bound to ``spec`` (``broker="kafka_saga"``) and ``endpoints``."""
+    """Return a ``SagaMachine`` subclass bound to ``spec`` (``flow="kafka_saga"``) and ``endpoints``."""
     name = f"Saga{spec.variant.title().replace('-', '')}Machine"
-    return bind(SagaMachine, spec, endpoints, name, "pass a saga spec (broker='kafka_saga')", **attrs)
+    return bind(SagaMachine, spec, endpoints, name, "pass a saga spec (flow='kafka_saga')", **attrs)

@@ -40,7 +40,7 @@ PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka"}
 class ServiceMachine(NetworkMachine[ServiceSession]):
     """Drive ``spec``'s service against ``endpoints`` (class attributes, set by ``service_machine``)."""
 
-    brokers: ClassVar[tuple[str, ...]] = ("service_activemq", "service_kafka")
+    flows: ClassVar[tuple[str, ...]] = ("service_activemq", "service_kafka")
     trap_points: ClassVar[tuple[str, ...]] = ()
     trap_actions: ClassVar[tuple[str, ...]] = ("kill", "freeze", "drop")
     broker_restarts: ClassVar[bool] = False

@@ -29,7 +29,6 @@ from hypothesis.stateful import precondition, rule
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
 from harness.run.kafka_runner import KafkaRunSession
-from harness.run.registry import flow_named
 from harness.run.runner import RunResult, RunSession
 from harness.run.spec import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -56,7 +55,7 @@ KAFKA_RULES: dict[str, Any] = {
 class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
     """Drive ``spec``'s stage against ``endpoints`` (class attributes, set by ``stage_machine``)."""
 
-    brokers: ClassVar[tuple[str, ...]] = ("activemq", "kafka")
+    flows: ClassVar[tuple[str, ...]] = ("activemq", "kafka")
     crash_points: ClassVar[tuple[str, ...]] = CRASH_POINTS
     redelivery_points: ClassVar[tuple[str, ...]] = REDELIVERY_POINTS
     redelivery_actions: ClassVar[tuple[str, ...]] = REDELIVERY_ACTIONS
@@ -125,7 +124,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
     def restart_broker(self) -> None:
         """kill -9 the run's broker (ActiveMQ or Kafka) and start it again on its data, while the flow runs."""
         self._step("restart_broker()")
-        service = flow_named(type(self).spec.broker).transport  # the flow's transport is the service to kill
+        service = type(self).spec.flow.transport  # the flow's transport is the service to kill
         self.hold_fault(KillBroker(service).on(type(self).endpoints), 0.0)
 
     # -- the verdict ---------------------------------------------------------------------------
@@ -137,12 +136,12 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
 def stage_machine(spec: ScenarioSpec, endpoints: Endpoints, **attrs: Any) -> type[StageMachine]:
     """Return a ``StageMachine`` subclass bound to ``spec`` and ``endpoints``."""
     name = f"{spec.name.title().replace('_', '')}{spec.variant.title().replace('-', '')}Machine"
-    rules = KAFKA_RULES if spec.broker == "kafka" else {}
+    rules = KAFKA_RULES if spec.flow.name == "kafka" else {}
     return bind(
         StageMachine,
         spec,
         endpoints,
         name,
         "bind it with its pattern's machine: cqrs_machine, saga_machine or dtm_machine (TARGETS[...].machine)",
-        **{**rules, **attrs},  # a target's own attributes win over the broker's defaults
+        **{**rules, **attrs},  # a target's own attributes win over the flow's defaults
     )

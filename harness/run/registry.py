@@ -1,6 +1,6 @@
 """The registered flows: what runs on which transport, and what a spec of each may say.
 
-A ``Flow`` is a frozen description: its name (the spec's ``broker``), its transport, the session
+A ``Flow`` is a frozen description: its name (what a spec's ``flow=`` may give), its transport, the session
 class that runs it (named as ``module:Class``, imported only when a run starts), the crash points
 and actions its runtime knows, the optional spec fields it accepts and the check of its
 ``options``. ``ScenarioSpec`` validates itself against its flow before any service starts;
@@ -44,7 +44,7 @@ class Flow:
     actions: tuple[str, ...] = ("kill",)
     accepts: frozenset[str] = frozenset()
     refusal: str = ""  # the hint when a spec uses a field this flow does not accept
-    check_spec: Callable[[ScenarioSpec], None] | None = field(default=None, compare=False)
+    check_spec: Callable[[ScenarioSpec], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.accepts <= set(OPTIONAL_FIELDS):
@@ -101,11 +101,11 @@ def register(flow: Flow) -> Flow:
 
 
 def flow_named(name: object) -> Flow:
-    """Return the registered flow called ``name`` (a spec's ``broker``)."""
+    """Return the registered flow called ``name`` (what a spec's ``flow=`` gives)."""
     flow = FLOWS.get(name) if isinstance(name, str) else None
     if flow is None:
         raise ConfigError(
-            f"unknown broker {name!r}",
+            f"unknown flow {name!r}",
             hint=" or ".join(repr(f) for f in FLOWS)
             + " (the registered flows: "
             + "; ".join(f"{f.name}: {f.summary}" for f in FLOWS.values())
@@ -121,7 +121,7 @@ def flows() -> Iterator[Flow]:
 
 def session_class(spec: ScenarioSpec) -> type[RunSession]:
     """Return the session class that runs ``spec``'s flow."""
-    return flow_named(spec.broker).session_class()
+    return spec.flow.session_class()
 
 
 def _kafka_options(spec: ScenarioSpec) -> None:

@@ -89,7 +89,7 @@ class RunSession:
     ...     result = run.close()
     """
 
-    flow: ClassVar[str] = ""  # the registered flow this session runs (``spec.broker``)
+    flow: ClassVar[str] = ""  # the name of the registered flow this session runs (``spec.flow.name``)
     # drive() submits the operations before the first fault window before the workers join.
     late_workers: ClassVar[bool] = False
 
@@ -105,9 +105,9 @@ class RunSession:
     ) -> None:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
-        if spec.broker != self.flow:
+        if spec.flow.name != self.flow:
             raise ConfigError(
-                f"{spec.label} runs on {spec.broker}, not {self.flow}",
+                f"{spec.label} runs on {spec.flow.name}, not {self.flow}",
                 hint="build the session with RunSession(spec, endpoints): it picks the flow's session",
             )
         self._check(spec, endpoints)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field, replace
 
 from harness.errors import ConfigError
 from harness.run.checks import (
@@ -133,6 +134,11 @@ class Helper:
         check_options(f"helper {self.name} options", self.options)
 
 
+# The default flow: a copy of the registered "activemq" flow, so that a spec can tell an omitted
+# ``flow=`` (deprecated ``broker=`` may then name it) from one given, even as that same Flow.
+_DEFAULT_FLOW = replace(flow_named("activemq"))
+
+
 @dataclass(frozen=True)
 class ScenarioSpec:
     """One seed pattern under one set of faults, with the verdict it must produce.
@@ -171,24 +177,45 @@ class ScenarioSpec:
     faults: tuple[FaultWindow, ...] = ()
     # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides the flow's.
     points: tuple[str, ...] = ()
-    # The registered flow that runs the spec (harness.run.registry): "activemq" (a chain of queue
-    # stages), "kafka" (a consumer group; options include KafkaStageOptions), "kafka_saga" (options
-    # include SagaOptions; a crash names its process in ``worker``), "kafka_cqrs" (entity events
-    # into a replica) or "dtm" (a 2-phase message transfer; its crash points are only ``points``).
-    broker: str = "activemq"
+    # The registered flow that runs the spec (harness.run.registry), given as a Flow or its name:
+    # "activemq" (a chain of queue stages), "kafka" (a consumer group; options include
+    # KafkaStageOptions), "kafka_saga" (options include SagaOptions; a crash names its process in
+    # ``worker``), "kafka_cqrs" (entity events into a replica) or "dtm" (a 2-phase message
+    # transfer; its crash points are only ``points``). Always the registered Flow once built.
+    flow: Flow = _DEFAULT_FLOW
     # A team's own service under test (``ScenarioSpec.for_service``): its flow is ``service_<transport>``.
     service: Service | None = None
+    # Deprecated: the flow's name under its old field name; ``flow=`` says it. Not a field: a spec
+    # never stores it (``spec.broker`` reads the InitVar's class default None; read ``spec.flow.name``).
+    broker: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, broker: str | None) -> None:
         check_name("scenario name", self.name)
         check_name("scenario variant", self.variant)
+        if broker is not None:
+            if self.flow is not _DEFAULT_FLOW:
+                raise ConfigError(
+                    f"{self.label} names its flow twice: flow={getattr(self.flow, 'name', self.flow)!r}, "
+                    f"broker={broker!r}",
+                    hint=f"drop broker= (the old name of flow=) and write flow={broker!r}",
+                )
+            warnings.warn(f"ScenarioSpec(broker=...) is deprecated: write flow={broker!r}", DeprecationWarning, 3)
+            object.__setattr__(self, "flow", broker)
+        # A name (``flow="kafka"``) or a Flow equal to a registered one becomes the registered Flow.
+        given = self.flow
+        object.__setattr__(self, "flow", flow_named(given.name if isinstance(given, Flow) else given))
+        if isinstance(given, Flow) and given != self.flow:
+            raise ConfigError(
+                f"flow {given.name!r} is not the registered flow of that name",
+                hint="register(Flow(...)) it in harness.run.registry, or pass its name",
+            )
         if self.service is None:
             check_handler(self.handler)
         elif not isinstance(self.service, Service):
             raise ConfigError(f"service {self.service!r} is not a Service", hint="pass service=Service(...)")
-        elif self.handler or self.broker != f"service_{self.service.transport}":
+        elif self.handler or self.flow.name != f"service_{self.service.transport}":
             raise ConfigError(
-                f"{self.label} runs service {self.service.name} with handler={self.handler!r}, broker={self.broker!r}",
+                f"{self.label} runs service {self.service.name} with handler={self.handler!r}, flow={self.flow.name!r}",
                 hint="build a service scenario with ScenarioSpec.for_service(service, ...)",
             )
         self._check_types()
@@ -207,7 +234,7 @@ class ScenarioSpec:
                 f"poison operation number(s) {bad} but the scenario sends {self.messages} messages",
                 hint=f"choose poison numbers from 0 to {self.messages - 1}",
             )
-        flow_named(self.broker).check(self)  # its fields, options, crash points and actions
+        self.flow.check(self)  # its fields, options, crash points and actions
         for crash in self.crashes:
             if crash.op_index is None and crash.nth is None:
                 raise ConfigError(
@@ -247,8 +274,8 @@ class ScenarioSpec:
         check_items("poison", self.poison, int, "3")
         if not isinstance(self.contract, FlowContract):
             raise ConfigError(f"contract {self.contract!r} is not a FlowContract", hint="pass FlowContract(...)")
-        if not isinstance(self.broker, str) or not isinstance(self.description, str):
-            raise ConfigError(f"broker {self.broker!r} or description is not text", hint="write them as strings")
+        if not isinstance(self.description, str):
+            raise ConfigError(f"description {self.description!r} is not text", hint="write it as a string")
         # A list or set where a tuple/frozenset is declared would make the frozen spec mutable.
         for name, kind in (
             ("crashes", tuple),
@@ -283,15 +310,10 @@ class ScenarioSpec:
             handler="",
             schema=schema,
             effect_table=effect_table,
-            broker=f"service_{service.transport}",
+            flow=flow_named(f"service_{service.transport}"),
             service=service,
             **fields,  # type: ignore[arg-type]
         )
-
-    @property
-    def flow(self) -> Flow:
-        """Return the registered flow this spec runs on (its ``broker``)."""
-        return flow_named(self.broker)
 
     @property
     def label(self) -> str:

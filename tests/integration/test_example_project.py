@@ -181,7 +181,7 @@ def test_the_exported_run_scenario_runs_a_kafka_spec_on_kafka(txchaos_stack: End
     spec = ScenarioSpec(
         name="kafka_api",
         variant="naive",
-        broker="kafka",
+        flow="kafka",
         handler="harness.patterns.kafka_consumer:naive",
         schema="kafka_consumer",
         effect_table="kafka_effects",

@@ -41,7 +41,7 @@ def test_gid_round_trips_to_the_op() -> None:
 def test_every_variant_validates_and_aims_at_the_seeds_operation() -> None:
     for seed in range(4):
         specs = _variants(seed)
-        assert {s.broker for s in specs.values()} == {"dtm"}
+        assert {s.flow.name for s in specs.values()} == {"dtm"}
         assert {s.contract for s in specs.values()} == {CONTRACT}
         for spec in specs.values():
             assert all(c.op_index == _chosen(seed) for c in spec.crashes)

@@ -53,7 +53,7 @@ def test_a_kafka_cqrs_spec_takes_only_kafka_crash_points() -> None:
         ScenarioSpec(
             name="c",
             variant="v",
-            broker="kafka_cqrs",
+            flow="kafka_cqrs",
             handler="harness.patterns.kafka_cqrs:naive_replica",
             schema="kafka_cqrs",
             effect_table="cqrs_journal",

@@ -14,7 +14,7 @@ def _spec(**kw: object) -> ScenarioSpec:
     base: dict[str, object] = {
         "name": "kafka_saga",
         "variant": "t",
-        "broker": "kafka_saga",
+        "flow": "kafka_saga",
         "handler": "harness.patterns.kafka_saga:orchestrator",
         "schema": "kafka_saga",
         "effect_table": "saga_payments",
@@ -45,7 +45,7 @@ def test_bad_options_are_refused_with_a_hint(bad: dict[str, object]) -> None:
 def test_a_saga_crash_must_name_its_process() -> None:
     with pytest.raises(ConfigError, match="names process"):
         _spec(crashes=(Crash("after_db_commit", op_index=1),))
-    assert _spec(crashes=(Crash("after_db_commit", op_index=1, worker="payment"),)).broker == "kafka_saga"
+    assert _spec(crashes=(Crash("after_db_commit", op_index=1, worker="payment"),)).flow.name == "kafka_saga"
 
 
 def test_every_step_has_an_operation_id_and_a_participant() -> None:

@@ -17,7 +17,7 @@ def kafka_spec(**kw: object) -> ScenarioSpec:
     base: dict[str, object] = dict(
         name="kafka_consumer",
         variant="naive",
-        broker="kafka",
+        flow="kafka",
         handler="harness.patterns.kafka_consumer:naive",
         schema="kafka_consumer",
         effect_table="kafka_effects",
@@ -62,7 +62,7 @@ def test_bad_options_name_value_and_fix(options: dict[str, object], named: str, 
 @pytest.mark.parametrize(
     ("kw", "named", "fix"),
     [
-        ({"broker": "rabbitmq"}, "rabbitmq", "'activemq' or 'kafka'"),
+        ({"flow": "rabbitmq"}, "rabbitmq", "'activemq' or 'kafka'"),
         ({"crashes": (Crash("after_broker_commit", op_index=1),)}, "after_broker_commit", "before_offset_commit"),
         ({"crashes": (Crash("after_poll", op_index=1, action="nack"),)}, "nack", "kill, disconnect"),
         ({"options": {"commit": "sometimes"}}, "commit='sometimes'", "batch"),

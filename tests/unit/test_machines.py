@@ -79,7 +79,7 @@ class Toxic:
 
 
 class Judged(MachineBase[Run]):
-    brokers = ("activemq",)
+    flows = ("activemq",)
     anomalies: dict[str, int] = {}
     remembered: list[str] = []
 
@@ -97,14 +97,14 @@ class Judged(MachineBase[Run]):
         type(self).remembered.append(message)
 
 
-def _spec(broker: str = "activemq") -> ScenarioSpec:
+def _spec(flow: str = "activemq") -> ScenarioSpec:
     return ScenarioSpec(
         name="m",
         variant="v",
         handler="harness.patterns.onepc:naive",
         schema="onepc",
         effect_table="onepc_effects",
-        broker=broker,
+        flow=flow,
     )
 
 

@@ -72,7 +72,7 @@ def test_the_protocols_and_points_come_from_the_placeholders_the_service_uses() 
     assert kafka.protocols() == {"kafka"}
     assert set(kafka.points()) == {"kafka_before_offset_commit", "kafka_before_end_txn", "kafka_after_produce"}
     spec = scenario(svc(), crashes=(Crash("pg_after_commit", op_index=1, action="freeze"),))
-    assert spec.broker == "service_activemq"
+    assert spec.flow.name == "service_activemq"
     assert spec.handler == ""
 
 
@@ -95,7 +95,7 @@ def test_a_service_scenario_cannot_be_built_by_hand_with_a_handler() -> None:
             handler="orders.handlers:naive",
             schema="onepc",
             effect_table="onepc_effects",
-            broker="service_activemq",
+            flow="service_activemq",
             service=svc(),
         )
 

@@ -164,9 +164,33 @@ def test_every_spec_names_a_registered_flow_and_an_unknown_one_lists_them() -> N
 
     assert spec().flow.name == "activemq"
     with pytest.raises(ConfigError) as info:
-        spec(broker="rabbitmq")
+        spec(flow="rabbitmq")
     for flow in flows():
         assert repr(flow.name) in str(info.value)
+
+
+def test_flow_takes_a_registered_flow_or_its_name_and_broker_is_its_deprecated_alias() -> None:
+    from harness.run.registry import flow_named
+
+    kafka = {
+        "handler": "harness.patterns.kafka_consumer:naive",
+        "schema": "kafka_consumer",
+        "effect_table": "kafka_effects",
+    }
+    assert spec(flow="kafka", **kafka).flow is flow_named("kafka")
+    assert spec(flow=flow_named("kafka"), **kafka).flow is flow_named("kafka")
+    assert spec(flow="kafka", **kafka).flow.transport == "kafka"
+    assert spec().flow is flow_named("activemq")  # the default is the registered Flow, not a copy
+    with pytest.deprecated_call(match="write flow='kafka'"):
+        assert spec(broker="kafka", **kafka).flow is flow_named("kafka")
+    with pytest.raises(ConfigError, match="names its flow twice") as info:
+        spec(flow="kafka", broker="kafka", **kafka)
+    assert "drop broker=" in str(info.value)
+    with pytest.raises(ConfigError, match="names its flow twice"):
+        spec(flow=flow_named("activemq"), broker="kafka")  # even the default flow, given, is given
+    with pytest.raises(ConfigError, match="unknown flow 'rabbitmq'") as info:
+        spec(flow="rabbitmq")
+    assert "'activemq' or 'kafka'" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -180,13 +204,13 @@ def test_every_spec_names_a_registered_flow_and_an_unknown_one_lists_them() -> N
 def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object], named: str) -> None:
     # They used to be read only once the run had started its service and branch.
     with pytest.raises(ConfigError) as info:
-        spec(broker="dtm", handler="harness.patterns.dtm_transfer:service", options=options)
+        spec(flow="dtm", handler="harness.patterns.dtm_transfer:service", options=options)
     assert named in str(info.value)
     assert "slow_commits as a list" in str(info.value)
 
 
 @pytest.mark.parametrize(
-    ("broker", "module", "name"),
+    ("flow", "module", "name"),
     [
         ("activemq", "harness.run.runner", "StageRunSession"),
         ("kafka", "harness.run.kafka_runner", "KafkaRunSession"),
@@ -195,15 +219,15 @@ def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object
         ("dtm", "harness.run.dtm_runner", "DtmRunSession"),
     ],
 )
-def test_run_session_builds_the_session_of_the_specs_flow(broker: str, module: str, name: str) -> None:
+def test_run_session_builds_the_session_of_the_specs_flow(flow: str, module: str, name: str) -> None:
     from harness.run.registry import flow_named
     from harness.run.session import RunSession
 
-    flow = flow_named(broker)
-    assert flow.session == f"{module}:{name}"
-    assert flow.session_class().__name__ == name
-    assert issubclass(flow.session_class(), RunSession)
-    assert flow.session_class().flow == broker
+    registered = flow_named(flow)
+    assert registered.session == f"{module}:{name}"
+    assert registered.session_class().__name__ == name
+    assert issubclass(registered.session_class(), RunSession)
+    assert registered.session_class().flow == flow
 
 
 def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
@@ -212,7 +236,7 @@ def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
     from harness.run.session import RunSession
 
     kafka = spec(
-        broker="kafka",
+        flow="kafka",
         handler="harness.patterns.kafka_consumer:naive",
         schema="kafka_consumer",
         effect_table="kafka_effects",
