@@ -24,6 +24,7 @@ import pytest
 
 from harness import ConfigError, ScenarioSpec, Schema
 from harness.stack.base import Endpoints
+from tests.support import KAFKA, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "orders-service"
@@ -178,13 +179,9 @@ def test_the_exported_run_scenario_runs_a_kafka_spec_on_kafka(txchaos_stack: End
 
     import harness
 
-    spec = ScenarioSpec(
+    spec = make_spec(
+        KAFKA,  # the Kafka consumer pattern's naive handler and tables
         name="kafka_api",
-        variant="naive",
-        flow="kafka",
-        handler="harness.patterns.kafka_consumer:naive",
-        schema="kafka_consumer",
-        effect_table="kafka_effects",
         messages=10,
         options={"batch_size": 5, "partitions": 1},
         crashes=(harness.Crash("before_offset_commit", op_index=2),),

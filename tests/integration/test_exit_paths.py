@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from harness import ScenarioSpec
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import EXIT_INCOMPLETE, HarnessError
@@ -33,6 +32,7 @@ from harness.run.dispatch import run_spec
 from harness.run.scenarios import resolve
 from harness.stack.base import Endpoints
 from tests.integration.test_no_leaks import tagged
+from tests.support import make_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 REPO = Path(__file__).resolve().parents[2]
@@ -72,12 +72,10 @@ def test_forced_disconnect_gives_the_message_back_without_killing_the_worker(txc
 
 
 def test_a_lost_operation_is_judged_once_the_flow_is_idle_not_at_the_timeout(txchaos_run) -> None:  # type: ignore[no-untyped-def]
-    spec = ScenarioSpec(
+    spec = make_spec(  # onepc's tables
         name="exit_paths",
         variant="drop-one",
         handler="tests.integration.exit_paths_handlers:drop",
-        schema="onepc",
-        effect_table="onepc_effects",
         options={"drop": [3]},
         messages=10,
         seed=0,

@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import ConfigError, Crash, ScenarioSpec
+from harness import Crash
 from harness.clients.kafka import GroupMember, Record, dlt_name, parse_group_metadata
 from harness.worker.kafka_options import KAFKA_POINTS, KafkaStageOptions
 from harness.worker.kafka_stage import HighWater, op_of
-
-
-def kafka_spec(**kw: object) -> ScenarioSpec:
-    base: dict[str, object] = dict(
-        name="kafka_consumer",
-        variant="naive",
-        flow="kafka",
-        handler="harness.patterns.kafka_consumer:naive",
-        schema="kafka_consumer",
-        effect_table="kafka_effects",
-    )
-    base.update(kw)
-    return ScenarioSpec(**base)  # type: ignore[arg-type]
+from tests.support import KAFKA, make_spec, refused
 
 
 def test_options_default_to_the_at_least_once_discipline() -> None:
@@ -53,10 +41,7 @@ def test_options_default_to_the_at_least_once_discipline() -> None:
     ],
 )
 def test_bad_options_name_value_and_fix(options: dict[str, object], named: str, fix: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        KafkaStageOptions.from_options(options)
-    assert named in str(info.value)
-    assert fix in str(info.value)
+    refused(lambda: KafkaStageOptions.from_options(options), named, fix)
 
 
 @pytest.mark.parametrize(
@@ -70,24 +55,14 @@ def test_bad_options_name_value_and_fix(options: dict[str, object], named: str, 
     ],
 )
 def test_kafka_spec_checks_points_actions_and_options(kw: dict[str, object], named: str, fix: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        kafka_spec(**kw)
-    assert named in str(info.value)
-    assert fix in str(info.value)
+    refused(lambda: make_spec(KAFKA, **kw), named, fix)
 
 
 def test_kafka_spec_accepts_every_kafka_point() -> None:
     crashes = tuple(Crash(p, op_index=i) for i, p in enumerate(KAFKA_POINTS))
-    assert kafka_spec(crashes=crashes).crashes == crashes
-    with pytest.raises(ConfigError, match="after_poll"):  # an ActiveMQ stage has no poll
-        ScenarioSpec(
-            name="onepc",
-            variant="naive",
-            handler="harness.patterns.onepc:naive",
-            schema="onepc",
-            effect_table="onepc_effects",
-            crashes=(Crash("after_poll", op_index=1),),
-        )
+    assert make_spec(KAFKA, crashes=crashes).crashes == crashes
+    # An ActiveMQ stage has no poll.
+    refused(lambda: make_spec(crashes=(Crash("after_poll", op_index=1),)), "after_poll")
 
 
 def test_group_metadata_yields_member_and_generation() -> None:

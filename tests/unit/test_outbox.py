@@ -7,11 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from harness import ConfigError, Crash, Endpoints, Helper, ScenarioSpec, Stage
+from harness import Crash, Endpoints, Helper, Stage
 from harness.patterns.outbox import POINTS, RelayConfig, relay_body
 from harness.run.runner import RunSession
 from harness.run.scenarios import resolve
+from tests.support import make_spec, refused
 from tests.unit.fake_endpoints import fake_endpoints
+
+# The first stage of the outbox pattern and its tables; each test adds the rest of the flow.
+OUTBOX = {
+    "name": "outbox",
+    "variant": "v",
+    "handler": "harness.patterns.outbox:place_order",
+    "schema": "outbox",
+    "effect_table": "outbox_effects",
+}
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 QUEUES = {"worker": "txchaos.r.in", "consumer": "txchaos.r.consumer"}
@@ -35,10 +45,7 @@ def test_relay_config_defaults_feed_the_consumer_stage() -> None:
     ],
 )
 def test_bad_relay_options_name_value_and_fix(options: dict[str, object], named: str, fix: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        RelayConfig.from_options(options)
-    assert named in str(info.value)
-    assert fix in str(info.value)
+    refused(lambda: RelayConfig.from_options(options), named, fix)
 
 
 def test_relay_body_carries_the_producer_msg_id() -> None:
@@ -59,17 +66,9 @@ def test_scenario_variants_are_valid_and_hit_distinct_operations() -> None:
 
 
 def test_spec_accepts_relay_points_only_when_declared() -> None:
-    base: dict[str, object] = {
-        "name": "outbox",
-        "variant": "v",
-        "handler": "harness.patterns.outbox:place_order",
-        "schema": "outbox",
-        "effect_table": "outbox_effects",
-        "crashes": (Crash("relay_before_send", op_index=1, worker="relay"),),
-    }
-    ScenarioSpec(**base, points=POINTS)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="relay_before_send"):
-        ScenarioSpec(**base)  # type: ignore[arg-type]
+    crashes = (Crash("relay_before_send", op_index=1, worker="relay"),)
+    make_spec(OUTBOX, crashes=crashes, points=POINTS)
+    refused(lambda: make_spec(OUTBOX, crashes=crashes), "relay_before_send")
 
 
 def _endpoints() -> Endpoints:
@@ -77,12 +76,8 @@ def _endpoints() -> Endpoints:
 
 
 def test_helpers_are_told_the_queue_of_every_stage(tmp_path: Path) -> None:
-    spec = ScenarioSpec(
-        name="outbox",
-        variant="v",
-        handler="harness.patterns.outbox:place_order",
-        schema="outbox",
-        effect_table="outbox_effects",
+    spec = make_spec(
+        OUTBOX,
         chain=(Stage("consumer", "harness.patterns.outbox:consumer_inbox"),),
         helpers=(Helper("relay", "harness.patterns.outbox:relay", options={"sweeper": False}),),
     )

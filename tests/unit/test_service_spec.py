@@ -9,6 +9,7 @@ import pytest
 
 from harness import ConfigError, Crash, RunSession, ScenarioSpec, Service
 from harness.run.service_build import build_dir, ensure_built, source_hash
+from tests.support import make_spec, refused
 from tests.unit.fake_endpoints import fake_endpoints
 
 STOMP_ENV = {"DATABASE_URL": "{postgres_url}", "STOMP_HOST": "{stomp_host}", "STOMP_PORT": "{stomp_port}"}
@@ -88,16 +89,8 @@ def test_an_image_needs_no_command_and_passes_its_environment_by_name_only() -> 
 
 
 def test_a_service_scenario_cannot_be_built_by_hand_with_a_handler() -> None:
-    with pytest.raises(ConfigError, match=r"ScenarioSpec\.for_service"):
-        ScenarioSpec(
-            name="orders",
-            variant="naive",
-            handler="orders.handlers:naive",
-            schema="onepc",
-            effect_table="onepc_effects",
-            flow="service_activemq",
-            service=svc(),
-        )
+    by_hand = {"handler": "orders.handlers:naive", "flow": "service_activemq", "service": svc()}
+    refused(lambda: make_spec(**by_hand), "ScenarioSpec.for_service")
 
 
 def test_a_command_that_is_not_there_is_refused_before_the_run_exists(tmp_path: Path) -> None:

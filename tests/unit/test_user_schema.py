@@ -13,14 +13,13 @@ import pytest
 
 from harness import ConfigError, ScenarioSpec
 from harness.run.schema import Schema
+from tests.support import ONEPC, make_spec, refused
+
+ORDERS = {**ONEPC, "name": "orders", "handler": "orders.handlers:naive", "effect_table": "orders"}
 
 
 def spec(schema: object, **kw: object) -> ScenarioSpec:
-    base: dict[str, object] = dict(
-        name="orders", variant="naive", handler="orders.handlers:naive", schema=schema, effect_table="orders"
-    )
-    base.update(kw)
-    return ScenarioSpec(**base)  # type: ignore[arg-type]
+    return make_spec(ORDERS, schema=schema, **kw)
 
 
 def test_a_relative_sql_path_is_the_users_file_resolved_where_the_spec_is_made(
@@ -64,19 +63,14 @@ def test_inline_sql_and_builtin_names_still_work() -> None:
     ],
 )
 def test_a_bad_schema_is_refused_where_the_spec_is_made(value: object, named: str, fix: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        spec(value)
-    assert named in str(info.value)
-    assert fix in str(info.value)
+    refused(lambda: spec(value), named, fix)
 
 
 def test_an_unknown_builtin_name_is_refused_before_the_run_starts() -> None:
     from harness.run.dispatch import run_spec
 
-    with pytest.raises(ConfigError) as info:
-        run_spec(spec("orderz", handler="harness.patterns.onepc:naive"), endpoints=None)  # type: ignore[arg-type]
-    assert "no built-in schema 'orderz'" in str(info.value)
-    assert "onepc" in str(info.value)
+    bad = spec("orderz", handler="harness.patterns.onepc:naive")
+    refused(lambda: run_spec(bad, endpoints=None), "no built-in schema 'orderz'", "onepc")  # type: ignore[arg-type]
 
 
 def test_an_empty_or_unreadable_schema_file_is_refused(tmp_path: Path) -> None:
