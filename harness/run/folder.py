@@ -47,7 +47,7 @@ class RunFolder:
             "scenario": spec.name,
             "variant": spec.variant,
             "seed": spec.seed,
-            "spec": json.loads(json.dumps(asdict(spec), default=sorted)),
+            "spec": spec_record(spec),
             "ledger_schema": SCHEMA_VERSION,
             "stack": {
                 "provider": endpoints.provider,
@@ -98,3 +98,15 @@ class RunFolder:
             tmp = self.path / "manifest.json.tmp"
             tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
             tmp.replace(self.path / "manifest.json")
+
+
+def spec_record(spec: Any) -> dict[str, Any]:
+    """Return ``spec`` as the manifest records it: its fields as JSON, its flow by name.
+
+    The flow is a registered Flow (with its check function), so the record names it; ``broker``
+    repeats the name under the key manifests carried before ``flow=`` (issue 14), for their readers.
+    """
+    record: dict[str, Any] = json.loads(
+        json.dumps({**asdict(spec), "flow": spec.flow.name, "broker": spec.flow.name}, default=sorted)
+    )
+    return record

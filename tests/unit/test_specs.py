@@ -163,6 +163,21 @@ def test_flow_takes_a_registered_flow_or_its_name_and_broker_is_its_deprecated_a
     refused(lambda: spec(flow="rabbitmq"), "unknown flow 'rabbitmq'", "'activemq' or 'kafka'")
 
 
+@pytest.mark.parametrize("flow", ["activemq", "kafka"])
+def test_the_manifest_records_the_specs_flow_by_name(tmp_path: Path, flow: str) -> None:
+    import json
+
+    from harness.run.folder import RunFolder
+
+    made = spec() if flow == "activemq" else make_spec(KAFKA)
+    folder = RunFolder.create(made.name, made.variant, made.seed, root=tmp_path)
+    folder.start(made, _endpoints())
+    recorded = json.loads((folder.path / "manifest.json").read_text())["spec"]
+    # The key manifests had before flow= keeps its meaning, for readers of older runs.
+    assert recorded["flow"] == recorded["broker"] == flow
+    assert recorded["contract"]["expects_downstream"] is True
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
