@@ -26,13 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase, settings
 from hypothesis.errors import FlakyFailure
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness import Endpoints, Kind, ScenarioSpec, read_ledger
 from harness.machines.dtm import dtm_machine
-from harness.machines.profiles import profile
+from harness.machines.search import holds, hunt_settings
 from harness.patterns.dtm_transfer import BRANCH_POINTS
 from harness.run.scenarios import resolve
 
@@ -70,11 +69,10 @@ BAD: dict[str, tuple[ScenarioSpec, str, dict[str, object]]] = {
 def test_bad_variant_is_caught(txchaos_stack: Endpoints, variant: str) -> None:
     spec, anomaly, attrs = BAD[variant]
     machine = dtm_machine(spec, txchaos_stack, **attrs)
-    search = settings(profile(), max_examples=SEARCH_CAP, database=None, phases=[Phase.explicit, Phase.generate])
     # FlakyFailure: Hypothesis's replay of the counterexample met different timing (a fault
     # against a transfer in flight); the counterexample itself is first_failure.
     with pytest.raises((AssertionError, FlakyFailure)):
-        run_state_machine_as_test(machine, settings=search)
+        run_state_machine_as_test(machine, settings=hunt_settings(SEARCH_CAP))
     assert machine.first_failure is not None
     message, result, held, steps = machine.first_failure
     verdict = result.verdict
@@ -99,7 +97,4 @@ def test_bad_variant_is_caught(txchaos_stack: Endpoints, variant: str) -> None:
 
 def test_fixed_variant_holds(txchaos_stack: Endpoints) -> None:
     machine = dtm_machine(machine_spec("fixed"), txchaos_stack)
-    run_state_machine_as_test(machine, settings=settings(profile(), database=None))
-    assert machine.examples >= profile().max_examples
-    assert machine.last_result is not None
-    assert machine.last_result.verdict.clean, machine.last_result.verdict.headline()
+    holds(machine)

@@ -25,13 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase, settings
 from hypothesis.errors import FlakyFailure
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness import Endpoints, ScenarioSpec
-from harness.machines.profiles import profile
 from harness.machines.saga import saga_machine
+from harness.machines.search import holds, hunt_settings
 from harness.run.scenarios import resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -72,10 +71,9 @@ BAD: dict[str, tuple[ScenarioSpec, str, tuple[str, ...], tuple[str, ...]]] = {
 def test_bad_variant_is_caught(txchaos_stack: Endpoints, variant: str) -> None:
     spec, anomaly, suffixes, causes = BAD[variant]
     machine = saga_machine(spec, txchaos_stack)
-    search = settings(profile(), max_examples=SEARCH_CAP, database=None, phases=[Phase.explicit, Phase.generate])
     # FlakyFailure: Hypothesis's replay met other timing; the counterexample is first_failure.
     with pytest.raises((AssertionError, FlakyFailure)):
-        run_state_machine_as_test(machine, settings=search)
+        run_state_machine_as_test(machine, settings=hunt_settings(SEARCH_CAP))
     assert machine.first_failure is not None
     message, result, steps = machine.first_failure
     verdict = result.verdict
@@ -95,7 +93,4 @@ def test_bad_variant_is_caught(txchaos_stack: Endpoints, variant: str) -> None:
 
 def test_fixed_saga_holds(txchaos_stack: Endpoints) -> None:
     machine = saga_machine(machine_spec("fixed"), txchaos_stack)
-    run_state_machine_as_test(machine, settings=settings(profile(), database=None))
-    assert machine.examples >= profile().max_examples
-    assert machine.last_result is not None
-    assert machine.last_result.verdict.clean, machine.last_result.verdict.headline()
+    holds(machine)

@@ -1,0 +1,55 @@
+"""Run a bound machine the two ways a scenario file does: hunt a bad variant, hold a fixed one.
+
+A hunt must end in a counterexample that carries what replays it; a fixed variant must come
+through a whole profile of examples with a clean verdict on the last run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness.machines.base import MachineBase
+from harness.machines.profiles import profile
+
+# What a machine's failure carries so that it can be replayed (``MachineBase`` adds them).
+REPLAY = ("seed:", "steps:", "run folder:")
+
+
+def hunt_settings(cap: int) -> settings:
+    """Return the settings of a hunt: at most ``cap`` examples, explicit and generated only.
+
+    No shrinking (each step of a shrink is a real run) and no example database: the first
+    counterexample found is reported as it is, and every hunt starts afresh.
+    """
+    return settings(profile(), max_examples=cap, database=None, phases=[Phase.explicit, Phase.generate])
+
+
+def hunt(machine: type[MachineBase[Any]], cap: int) -> str:
+    """Search ``machine`` in at most ``cap`` examples and return the text of the failure it finds.
+
+    Raise AssertionError when it finds none, or when the failure does not carry what replays it.
+    """
+    try:
+        run_state_machine_as_test(machine, settings=hunt_settings(cap))
+    except AssertionError as failure:
+        text = str(failure)
+    else:
+        raise AssertionError(f"{machine.__name__} found no counterexample in {cap} examples")
+    missing = [part for part in REPLAY if part not in text]
+    if missing:
+        raise AssertionError(f"the failure does not carry {missing}: {text}")
+    return text
+
+
+def holds(machine: type[MachineBase[Any]]) -> None:
+    """Run ``machine`` for its profile's examples; raise AssertionError unless its last run is clean."""
+    run_state_machine_as_test(machine, settings=settings(profile(), database=None))
+    if machine.examples < profile().max_examples:
+        raise AssertionError(f"{machine.__name__} ran {machine.examples} of {profile().max_examples} examples")
+    if machine.last_result is None:
+        raise AssertionError(f"{machine.__name__} kept no result")
+    if not machine.last_result.verdict.clean:
+        raise AssertionError(machine.last_result.verdict.headline())
