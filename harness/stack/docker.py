@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -347,28 +346,18 @@ class DockerProvider:
     def _wire(self, ep: Endpoints) -> None:
         """Create the proxies, make the clients' role, then wait for every service through its proxy."""
         from harness.stack.local import readiness
-        from harness.stack.waits import Wait, port_open
+        from harness.stack.waits import Wait, port_open, wait_each
 
         api = Wait("toxiproxy API", port_open(PUBLISHED_HOST, topo.TOXIPROXY.port), timeout=60)
         self.timings["toxiproxy"] = self._watch("toxiproxy", api.run)
         _create_proxies(ep)
-        errors: list[BaseException] = []
 
-        def run(service: str) -> None:
-            try:
-                if service == "postgres":  # the clients' role first, while the others start
-                    self.timings["postgres-role"] = self._watch(service, lambda: self._make_role(ep))
-                self.timings[service] = self._watch(service, lambda: readiness(service, ep).run(None))
-            except BaseException as exc:
-                errors.append(exc)
+        def wait(service: str) -> None:
+            if service == "postgres":  # the clients' role first, while the others start
+                self.timings["postgres-role"] = self._watch(service, lambda: self._make_role(ep))
+            self.timings[service] = self._watch(service, lambda: readiness(service, ep).run(None))
 
-        threads = [threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in ENDPOINT_SERVICES]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        wait_each(ENDPOINT_SERVICES, wait)
 
     def _watch(self, service: str, wait: object) -> float:
         """Run ``wait`` (returns seconds); a failure carries the container's state and log tail."""

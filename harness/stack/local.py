@@ -23,7 +23,6 @@ import secrets
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from harness.stack.procs import (
     spawn,
     stop,
 )
-from harness.stack.waits import Wait, port_open, stomp_connected
+from harness.stack.waits import Wait, port_open, stomp_connected, wait_each
 
 FIXTURES = resources.fixtures_dir()
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
@@ -513,20 +512,7 @@ class LocalProvider:
         return took + readiness(service, ep).run(self.procs[service])
 
     def _wait_all(self, ep: Endpoints) -> None:
-        errors: list[BaseException] = []
+        def wait(service: str) -> None:
+            self.timings[service] = self._wait_one(service, ep)
 
-        def run(service: str) -> None:
-            try:
-                self.timings[service] = self._wait_one(service, ep)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [
-            threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in ("postgres", "activemq", "kafka", "dtm")
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        wait_each(("postgres", "activemq", "kafka", "dtm"), wait)

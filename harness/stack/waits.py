@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from harness.errors import StackError
@@ -69,3 +70,27 @@ def stomp_connected(host: str, port: int) -> Callable[[], bool]:
             return data.startswith(b"CONNECTED")
 
     return probe
+
+
+def wait_each(services: Iterable[str], wait: Callable[[str], None]) -> None:
+    """Run ``wait(service)`` for every service at once, one thread each; raise the first error once all end.
+
+    The services start in parallel, so their waits overlap: a stack is ready in the time of its
+    slowest service, not the sum. Every wait runs to its end before an error is raised, so none
+    is left probing behind the caller.
+    """
+    errors: list[BaseException] = []
+
+    def run(service: str) -> None:
+        try:
+            wait(service)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,), name=f"wait-{s}") for s in services]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from harness.cli import FLAGSHIP_SCENARIOS
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
@@ -40,14 +41,9 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get("TXCHAOS_DOCKER_TESTS") == "0", reason="TXCHAOS_DOCKER_TESTS=0"),
 ]
 REPO = Path(__file__).resolve().parents[2]
-# The flagship (cli.FLAGSHIP_SCENARIOS) plus a state machine, a Kafka and a DTM scenario.
+# The flagship plus a state machine, a Kafka and a DTM scenario.
 SCENARIOS = (
-    "onepc_crash_gap",
-    "onepc_redelivery",
-    "onepc_faults",
-    "poison_message",
-    "send_money",
-    "outbox_relay",
+    *FLAGSHIP_SCENARIOS,
     "onepc_machine",
     "kafka_consumer",
     "dtm_transfer",
