@@ -6,6 +6,9 @@ through a whole profile of examples with a clean verdict on the last run.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hypothesis import Phase, settings
@@ -13,6 +16,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from harness.machines.base import MachineBase
 from harness.machines.profiles import profile
+from harness.machines.targets import Target
+from harness.stack.base import Endpoints
 
 # What a machine's failure carries so that it can be replayed (``MachineBase`` adds them).
 REPLAY = ("seed:", "steps:", "run folder:")
@@ -42,6 +47,39 @@ def hunt(machine: type[MachineBase[Any]], cap: int) -> str:
     if missing:
         raise AssertionError(f"the failure does not carry {missing}: {text}")
     return text
+
+
+def hunt_target(target: Target, endpoints: Endpoints, cap: int) -> tuple[str, tuple[int, float]]:
+    """Hunt ``target``'s bad variant on ``endpoints`` in at most ``cap`` examples.
+
+    Return the failure's text and where it was found (example number, seconds since the search
+    started: what ``txchaos bench machines`` measures). Raise AssertionError as ``hunt`` does, or
+    when the text does not match the target's anomaly (a regular expression).
+    """
+    machine = target.machine(target.bad, endpoints, **target.attrs)
+    text = hunt(machine, cap)
+    if not re.search(target.anomaly, text):
+        raise AssertionError(f"the failure does not name {target.anomaly!r}: {text}")
+    if machine.found_at is None:
+        raise AssertionError(f"{machine.__name__} failed but kept no found_at: {text}")
+    return text, machine.found_at
+
+
+def check_failure_text(message: str, anomaly: str, flagged: Iterable[str], steps: Sequence[str], run_dir: Path) -> None:
+    """Raise AssertionError unless ``message`` names every ``flagged`` operation and carries what replays it.
+
+    What replays it: a seed, the ``steps`` taken (in order) and the run folder ``run_dir``.
+    """
+    wanted = {
+        "the flagged operations": f"{anomaly}: {', '.join(sorted(flagged))}",
+        "the steps": "steps: " + " -> ".join(steps),
+        "the run folder": f"run folder: {run_dir}",
+    }
+    missing = [what for what, part in wanted.items() if part not in message]
+    if not re.search(r"seed: \d+", message):
+        missing.append("a seed")
+    if missing:
+        raise AssertionError(f"the failure does not carry {', '.join(missing)}: {message}")
 
 
 def holds(machine: type[MachineBase[Any]]) -> None:

@@ -20,8 +20,9 @@ from harness.machines.base import MachineBase, NetworkMachine, bind
 from harness.machines.cqrs import CqrsMachine
 from harness.machines.dtm import DtmMachine
 from harness.machines.saga import SagaMachine
+from harness.machines.search import check_failure_text, hunt_target
 from harness.machines.stage import StageMachine, stage_machine
-from harness.machines.targets import TARGETS
+from harness.machines.targets import TARGETS, Target
 from harness.run.runner import RunResult
 from harness.run.spec import ScenarioSpec
 from harness.stack.base import Endpoints
@@ -212,3 +213,52 @@ def test_the_stage_machine_takes_the_kafka_rules_for_a_kafka_spec() -> None:
     assert kafka.network_proxies == ("kafka", "postgres")
     assert kafka.batch_crashes
     assert stage_machine(TARGETS["onepc"]().bad, _endpoints()).network_proxies == ("activemq_stomp", "postgres")
+
+
+def _target(anomalies: dict[str, int], anomaly: str) -> Target:
+    def machine(spec: ScenarioSpec, endpoints: Endpoints) -> type[MachineBase[Any]]:
+        return bind(Judged, spec, endpoints, "Hunted", "-", anomalies=anomalies, remembered=[])
+
+    return Target("judged", _spec(), _spec(), anomaly, machine=machine)
+
+
+def test_a_hunt_returns_the_counterexample_and_where_it_was_found() -> None:
+    text, (example, seconds) = hunt_target(_target({"lost": 1}, r"lost=\d"), _endpoints(), cap=3)
+    assert text.startswith("ANOMALIES: lost=1")
+    assert example == 1
+    assert seconds >= 0
+
+
+def test_a_hunt_whose_failure_is_another_anomaly_fails_and_names_the_one_wanted() -> None:
+    with pytest.raises(AssertionError, match="does not name 'stuck'"):
+        hunt_target(_target({"lost": 1}, "stuck"), _endpoints(), cap=3)
+
+
+def test_a_hunt_that_finds_nothing_fails() -> None:
+    with pytest.raises(AssertionError, match="found no counterexample in 2 examples"):
+        hunt_target(_target({}, "lost"), _endpoints(), cap=2)
+
+
+FAILURE = "duplicate-effect: a-op1, a-op2\nrun folder: /tmp/run-x\nseed: 7\nsteps: submit(1) -> arm_crash()"
+STEPS = ["submit(1)", "arm_crash()"]
+
+
+def test_a_failure_text_that_names_the_operations_and_carries_its_replay_passes() -> None:
+    check_failure_text(FAILURE, "duplicate-effect", {"a-op2", "a-op1"}, STEPS, Path("/tmp/run-x"))
+
+
+@pytest.mark.parametrize(
+    ("message", "flagged", "steps", "missing"),
+    [
+        (FAILURE, {"a-op1", "a-op3"}, STEPS, "the flagged operations"),
+        (FAILURE, {"a-op1", "a-op2"}, ["arm_crash()", "submit(1)"], "the steps"),
+        (FAILURE.replace("/tmp/run-x", "/tmp/run-y"), {"a-op1", "a-op2"}, STEPS, "the run folder"),
+        (FAILURE.replace("seed: 7", "seed: ?"), {"a-op1", "a-op2"}, STEPS, "a seed"),
+    ],
+    ids=["an operation", "the steps' order", "the run folder", "the seed"],
+)
+def test_a_failure_text_without_part_of_it_is_refused_naming_the_part(
+    message: str, flagged: set[str], steps: list[str], missing: str
+) -> None:
+    with pytest.raises(AssertionError, match=f"does not carry {missing}"):
+        check_failure_text(message, "duplicate-effect", flagged, steps, Path("/tmp/run-x"))
