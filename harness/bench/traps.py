@@ -4,8 +4,9 @@
 named by ``$TXCHAOS_ENDPOINTS``, or a local stack of its own):
 
 - clean path: pgbench (one ``BEGIN; INSERT; COMMIT`` script, 1 and 4 clients) through Toxiproxy
-  alone, then through an unarmed Postgres trap relaying to it, in the driver's thread and in a
-  process of its own; rounds alternate so drift hits both alike. Target (issue 16): <= 10 % slower.
+  alone, then through an unarmed Postgres trap (the relay, ``trapd``) in front of it, and, for
+  scale, through a second Toxiproxy proxy; rounds alternate so drift hits all alike. Target
+  (issue 16): <= 10 % slower.
 - window: ``--window`` client processes (SQLAlchemy/psycopg), each with ``pg_after_commit`` armed on
   its op and ``kill``: one in the window means the row is committed, the process died by SIGKILL,
   and its follow-up write (made only after the COMMIT confirmation) is absent. Target: all of them.
@@ -57,23 +58,6 @@ def pgbench(ep: Endpoints, address: Address, clients: int, seconds: int, script:
 
 
 @contextmanager
-def trap_process(upstream: Address) -> Iterator[Address]:
-    """Run an unarmed Postgres trap in a process of its own; yield its address."""
-    code = (
-        "import sys; from harness.traps import TrapProxy\n"
-        f"p = TrapProxy('postgres', ({upstream[0]!r}, {upstream[1]})).start()\n"
-        "print(p.address[1], flush=True); sys.stdin.read(); p.stop()\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        yield ("127.0.0.1", int(proc.stdout.readline()))
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
 def toxiproxy_hop(ep: Endpoints, upstream: Address) -> Iterator[Address]:
     """Chain a second Toxiproxy proxy in front of ``upstream``: the cost of one extra hop in Go, for scale."""
     with socket.socket() as s:  # a free port: the API wants a concrete listen address to report
@@ -97,7 +81,7 @@ def _api(ep: Endpoints, method: str, path: str, body: object = None) -> None:
 
 
 def clean_path(ep: Endpoints, seconds: int, rounds: int) -> tuple[list[list[object]], float]:
-    """Return table rows (median tps per client count, Toxiproxy alone vs the trap in front, thread / process)
+    """Return table rows (median tps per client count, Toxiproxy alone vs the trap or a 2nd hop in front)
     and the worst slowdown in percent."""
     upstream = (ep.postgres.host, ep.postgres.port)
     rows: list[list[object]] = []
@@ -106,26 +90,23 @@ def clean_path(ep: Endpoints, seconds: int, rounds: int) -> tuple[list[list[obje
         script = Path(tmp) / "txn.sql"
         script.write_text(SCRIPT)
         for clients in (1, 4):
-            tps: dict[str, list[float]] = {"toxiproxy": [], "thread": [], "process": [], "Toxiproxy hop": []}
+            tps: dict[str, list[float]] = {"toxiproxy": [], "trap": [], "Toxiproxy hop": []}
             for r in range(rounds):
                 with console.status(f"pgbench -c {clients}, round {r + 1}/{rounds}"):
                     tps["toxiproxy"].append(pgbench(ep, upstream, clients, seconds, script))
                     with TrapProxy("postgres", upstream) as proxy:
-                        tps["thread"].append(pgbench(ep, proxy.address, clients, seconds, script))
-                    with trap_process(upstream) as address:
-                        tps["process"].append(pgbench(ep, address, clients, seconds, script))
+                        tps["trap"].append(pgbench(ep, proxy.address, clients, seconds, script))
                     with toxiproxy_hop(ep, upstream) as address:
                         tps["Toxiproxy hop"].append(pgbench(ep, address, clients, seconds, script))
             base = statistics.median(tps["toxiproxy"])
-            for where in ("thread", "process", "Toxiproxy hop"):
+            for where in ("trap", "Toxiproxy hop"):
                 got = statistics.median(tps[where])
-                trap = where != "Toxiproxy hop"
+                trap = where == "trap"
                 if trap:
                     worst = max(worst, 100 * (base - got) / base)
                 rows.append(
                     [
-                        f"{clients} client(s), "
-                        + (f"trap in its own {where}" if trap else "for scale: a 2nd Toxiproxy hop"),
+                        f"{clients} client(s), " + ("the trap relay (trapd)" if trap else "for scale: Toxiproxy hop"),
                         f"{base:.0f}",
                         f"{got:.0f}",
                         f"{100 * (base - got) / base:+.1f} %",

@@ -88,7 +88,7 @@ _PREFIX = ["txchaos bootstrap"]  # `txchaos install` says "txchaos install"
 _SAID = [0]  # progress lines printed: none during an install means everything was in place
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     """Print a progress line before a step that does real work (minutes on a fresh machine)."""
     _SAID[0] += 1
     print(f"{_PREFIX[0]}: {text}", file=sys.stderr, flush=True)
@@ -104,7 +104,7 @@ def _apt_install(package: str) -> None:
             f"missing Debian package {package}: run `sudo apt-get install -y {package}`, then {INSTALL}"
         )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _say(f"installing the Debian package {package}...")
+    say(f"installing the Debian package {package}...")
     _run(["apt-get", "update", "-q"], what="apt-get update", env=env)
     _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], what=f"installing {package}", env=env)
 
@@ -259,13 +259,13 @@ def _intact(component: str, target: Path, done: Path, *, verify: bool) -> bool:
         return False
     entry = (read_manifest() or {}).get(component)
     if entry is None or entry.get("root") != str(target.relative_to(cache_root())):
-        _say(f"recording the checksums of the installed {component}...")
+        say(f"recording the checksums of the installed {component}...")
         record(component, target)
         return True
     problem = damage(entry, full=verify)
     if problem is None:
         return True
-    _say(f"{component} damaged in the cache ({problem}): reinstalling only that")
+    say(f"{component} damaged in the cache ({problem}): reinstalling only that")
     if target.is_dir():
         shutil.rmtree(target)
     else:
@@ -285,7 +285,7 @@ def ensure_jars(name: str, *, verify: bool = False) -> str:
         _apt_install("maven")
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    _say(f"resolving the {name} jars with Maven (once, about a minute)...")
+    say(f"resolving the {name} jars with Maven (once, about a minute)...")
     _run(
         [
             "mvn",
@@ -316,7 +316,7 @@ def ensure_toxiproxy(*, verify: bool = False) -> str:
     shutil.rmtree(gobin, ignore_errors=True)
     gobin.mkdir(parents=True)
     env = dict(os.environ, GOBIN=str(gobin), CGO_ENABLED="0")
-    _say(f"building toxiproxy {TOXIPROXY_VERSION} with go install (once, about a minute)...")
+    say(f"building toxiproxy {TOXIPROXY_VERSION} with go install (once, about a minute)...")
     _run([go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], what="building toxiproxy", env=env)
     (gobin / "server").rename(dest)
     shutil.rmtree(gobin, ignore_errors=True)
@@ -376,7 +376,7 @@ def ensure_dtm(*, verify: bool = False) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
     env = go_env()
-    _say(f"building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...")
+    say(f"building the DTM server {DTM_VERSION} once (about 6 minutes on 2 cores)...")
     with tempfile.TemporaryDirectory(prefix="txchaos-dtm-build-") as tmp:
         work = Path(tmp)
         _run([go, "mod", "init", "dtmbuild"], what="preparing the DTM build", env=env, cwd=work)
@@ -411,7 +411,7 @@ def ensure_allure(*, verify: bool = False) -> str | None:
         hint = f"Debian: `apt-get install -y npm`, then {INSTALL}"
         print(f"{_PREFIX[0]}: npm missing, HTML reports off ({hint})", file=sys.stderr)
         return None
-    _say(f"installing the Allure command line {ALLURE_VERSION} with npm (once, about a minute)...")
+    say(f"installing the Allure command line {ALLURE_VERSION} with npm (once, about a minute)...")
     exe = install(root)
     record("allure", target)
     return str(exe)
@@ -427,7 +427,7 @@ def ensure_venv(repo: Path) -> Path:
     if not (venv / "bin" / "python").exists():
         _run([sys.executable, "-m", "venv", str(venv)], what="creating the virtualenv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    _say(f"installing the project and its dependencies into {venv} (pyspark is large: a few minutes once)...")
+    say(f"installing the project and its dependencies into {venv} (pyspark is large: a few minutes once)...")
     _run([*pip, "-e", f"{repo}[dev]"], what="installing the project into .venv")
     stamp.write_text(want)
     return venv
@@ -442,7 +442,7 @@ def ensure_spark_archive(venv: Path) -> str | None:
     stamp = venv / ".txchaos-spark-archive"
     if stamp.exists() and Path(stamp.read_text()).is_file():
         return stamp.read_text()
-    _say("recording the Spark driver's class-data archive (once, about 30 s)...")
+    say("recording the Spark driver's class-data archive (once, about 30 s)...")
     code = "from harness.verify.spark import build_class_archive as b; print(b() or '')"
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=False)
     archive = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""

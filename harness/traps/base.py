@@ -1,23 +1,26 @@
 """Traps: a named wire-level crash point, what fires it, and what it does when it fires.
 
-A protocol parser (``pg.py``, ``stomp.py``, ``kafka.py``) turns the bytes of one connection into
-``Hit`` s: "this message is point P for ops {...}, starting at byte offset N of this chunk". The
-``TrapSet`` decides whether an armed ``Trap`` fires on a hit; the relay (``proxy.py``) then holds
-the message and runs the trap's ``Action``.
+The relay (``trapd``, Go, ``relay/``) reads each connection's protocol (``relay/pg.go``,
+``stomp.go``, ``kafka.go``) into hits: "this message is point P for ops {...}". It fires an armed
+``Trap`` of the ``TrapSet`` on the hit that carries its op, or on its nth hit, and holds the
+message; the harness (``proxy.py``) then runs the trap's ``Action`` and tells the relay to drop
+the message or, after a thaw, to let it go on.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
+
+if TYPE_CHECKING:
+    from harness.traps.trapd import Relay
 
 POINTS: dict[str, str] = {
     "pg_before_commit": "postgres",
@@ -30,17 +33,6 @@ POINTS: dict[str, str] = {
     "kafka_after_produce": "kafka",
 }
 
-Direction = Literal["up", "down"]  # up: client -> server; down: server -> client
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A trap point seen in one chunk: the message starts at ``offset`` and concerns ``ops``."""
-
-    point: str
-    offset: int
-    ops: frozenset[str] = frozenset()
-
 
 @dataclass(frozen=True)
 class Firing:
@@ -52,16 +44,6 @@ class Firing:
     ts_ns: int
     action: str
     where: str = ""  # the label of the proxy it fired on (a service instance)
-
-
-class Session(Protocol):
-    """The protocol state of one relayed connection; ``feed`` is called per chunk, in order.
-
-    It returns the bytes to forward (the chunk itself, except where a protocol needs an address
-    rewritten, or holds back a message until it is whole) and the hits, offsets into those bytes.
-    """
-
-    def feed(self, direction: Direction, data: bytes) -> tuple[bytes, list[Hit]]: ...
 
 
 PidSource = Callable[[], int]
@@ -140,71 +122,90 @@ class Trap:
 @dataclass
 class _Frozen:
     action: Freeze
-    release: threading.Event
+    release: Callable[[], None]
 
 
 class TrapSet:
-    """The armed traps of a proxy, their hit counters, and the firing callback.
+    """The armed traps of a run's proxies, their firings, and the firing callback.
 
-    ``on_fire`` is called (on the relay thread, before the action runs) with each ``Firing``.
+    The relay (``trapd``) matches the hits and counts them, across every proxy of the set; this
+    object is the harness's side: what is armed, what fired, what is frozen. ``on_fire`` is called
+    (on the firing's thread, before the action runs) with each ``Firing``.
     """
 
     def __init__(self, on_fire: Callable[[Firing], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._armed: list[Trap] = []
-        self._hits: dict[str, int] = {}
+        self._armed: dict[int, Trap] = {}
+        self._ids = itertools.count(1)
         self._frozen: list[_Frozen] = []
+        self._relay: Relay | None = None
+        self._sid = 0
         self.firings: list[Firing] = []
         self.on_fire = on_fire
 
+    def bind(self, relay: Relay) -> int:
+        """Register this set with ``relay`` (once) and return its id there; armed traps go with it."""
+        with self._lock:
+            if self._relay is None:
+                self._sid = int(relay.call("set")["set"])
+                self._relay = relay
+                for tid, trap in self._armed.items():
+                    self._push(tid, trap)
+            elif self._relay is not relay:
+                raise HarnessError("a trap set's relay ended mid-run", hint="start the run again")
+            return self._sid
+
     def arm(self, *traps: Trap) -> None:
         with self._lock:
-            self._armed.extend(traps)
+            for trap in traps:
+                tid = next(self._ids)
+                self._armed[tid] = trap
+                if self._relay is not None:
+                    self._push(tid, trap)
+
+    def _push(self, tid: int, trap: Trap) -> None:
+        assert self._relay is not None
+        self._relay.call("arm", set=self._sid, trap=tid, point=trap.point, op=trap.op or "", nth=trap.nth or 0)
 
     def disarm(self) -> None:
         with self._lock:
             self._armed.clear()
+            if self._relay is not None:
+                self._relay.call("disarm", set=self._sid)
 
     @property
     def armed(self) -> tuple[Trap, ...]:
         with self._lock:
-            return tuple(self._armed)
+            return tuple(self._armed.values())
 
-    def armed_ops(self) -> frozenset[str]:
-        """Return the op ids traps wait for: parsers look for these in the bytes they see."""
+    def take(self, tid: int) -> Trap | None:
+        """Return the trap the relay fired (it is disarmed from now on), or None if disarmed before."""
         with self._lock:
-            return frozenset(t.op for t in self._armed if t.op is not None)
+            return self._armed.pop(tid, None)
 
-    def match(self, hit: Hit, conn: int, where: str = "") -> tuple[Trap, Firing] | None:
-        """Count ``hit`` and return the trap it fires (disarmed from now on), or None."""
+    def record(self, firing: Firing) -> None:
         with self._lock:
-            n = self._hits[hit.point] = self._hits.get(hit.point, 0) + 1
-            for trap in self._armed:
-                if trap.point != hit.point:
-                    continue
-                if (trap.op is not None and trap.op in hit.ops) or trap.nth == n:
-                    self._armed.remove(trap)
-                    op = trap.op if trap.op is not None else _one(hit.ops)
-                    firing = Firing(hit.point, op, conn, time.time_ns(), trap.action.name, where)
-                    self.firings.append(firing)
-                    break
-            else:
-                return None
+            self.firings.append(firing)
         if self.on_fire is not None:
             self.on_fire(firing)
-        return trap, firing
 
     def hits(self, point: str) -> int:
+        """Return how many times ``point`` was seen on this set's proxies (a hit fires at most one trap)."""
         with self._lock:
-            return self._hits.get(point, 0)
+            relay = self._relay
+        return 0 if relay is None else int(relay.call("hits", set=self._sid, point=point)["hits"])
 
-    def freeze(self, action: Freeze) -> threading.Event:
-        """Stop ``action``'s process; return the event its held message waits on."""
-        release = threading.Event()
+    def freeze(self, action: Freeze, release: Callable[[], None]) -> None:
+        """Stop ``action``'s process; ``release`` lets its held message go on at ``thaw()``."""
+        frozen = _Frozen(action, release)
         with self._lock:
-            self._frozen.append(_Frozen(action, release))
-        action.signal(signal.SIGSTOP)
-        return release
+            self._frozen.append(frozen)
+        try:
+            action.signal(signal.SIGSTOP)
+        except Exception:
+            with self._lock:
+                self._frozen.remove(frozen)
+            raise
 
     def thaw(self) -> int:
         """Continue every frozen process and release its held message; return how many.
@@ -220,7 +221,10 @@ class TrapSet:
                 f.action.signal(signal.SIGCONT)
             except Exception as exc:
                 failed = failed or exc
-            f.release.set()
+            try:
+                f.release()
+            except HarnessError as exc:
+                failed = failed or exc  # the relay is gone: so is the message it held
         if failed is not None:
             raise failed
         return len(frozen)
@@ -229,11 +233,6 @@ class TrapSet:
         """Return how many processes are frozen now (each holding a message)."""
         with self._lock:
             return len(self._frozen)
-
-
-def _one(ops: Iterable[str]) -> str | None:
-    ordered = sorted(ops)
-    return ordered[0] if ordered else None
 
 
 def check_points(points: Iterable[str], protocol: str) -> None:
@@ -246,33 +245,13 @@ def check_points(points: Iterable[str], protocol: str) -> None:
             )
 
 
-class OpFinder:
-    """Find op ids in bytes: the armed ones (``armed()``), and any ``pattern`` match (to name an nth firing).
-
-    Example: ``OpFinder(traps.armed_ops, re.compile(rb"op-[0-9a-f]{12}"))``.
-    """
-
-    def __init__(self, armed: Callable[[], frozenset[str]], pattern: re.Pattern[bytes] | None = None) -> None:
-        self.armed = armed
-        self.pattern = pattern
-
-    def __call__(self, data: bytes | bytearray) -> frozenset[str]:
-        found = {op for op in self.armed() if op.encode() in data}
-        if self.pattern is not None:
-            found.update(m.decode("ascii", "replace") for m in self.pattern.findall(data))
-        return frozenset(found)
-
-
 __all__ = [
     "POINTS",
     "Action",
     "Drop",
     "Firing",
     "Freeze",
-    "Hit",
     "Kill",
-    "OpFinder",
-    "Session",
     "Trap",
     "TrapSet",
     "check_points",

@@ -1,37 +1,25 @@
-"""A TCP relay in front of a Toxiproxy proxy that reads one protocol and fires armed traps.
+"""A trap proxy: a listener of the relay (``trapd``) in front of a Toxiproxy proxy, and the actions of its traps.
 
-Each accepted connection gets two threads, one per direction, each a blocking ``recv`` →
-``session.feed`` → ``sendall`` loop: the bytes go on as they came (Kafka's broker addresses
-excepted, see ``kafka.py``), and nothing waits for more than the message being read. When a hit
-fires a trap, the relay forwards the bytes before the held message, then runs the action: ``kill``
-signals the process and then closes both sides (so the held message is never delivered, even to a
-process that survives), ``drop`` closes both sides, ``freeze`` stops the process and holds the
-message until ``TrapSet.thaw()``.
-
-Threads rather than an event loop: a relay hop costs a few tens of microseconds either way, and a
-blocked direction (a frozen hold) then needs no bookkeeping. ``docs/traps.md`` has the figures.
+The relay forwards the bytes as they came (Kafka's broker addresses excepted, see
+``relay/kafka.go``) and, when a hit fires a trap, forwards the bytes before the held message and
+reports the firing. The harness then runs the action on a thread of its own: ``kill`` signals the
+process and then has the relay close both sides (so the held message is never delivered, even to
+a process that survives), ``drop`` closes both sides, ``freeze`` stops the process and keeps the
+message held until ``TrapSet.thaw()``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import re
 import signal
-import socket
-import threading
-from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 
 from harness.errors import ConfigError, HarnessError
-from harness.traps.base import Direction, Drop, Freeze, Hit, Kill, OpFinder, PidSource, Session, TrapSet
-from harness.traps.kafka import KafkaCluster
-from harness.traps.pg import PgSession
-from harness.traps.stomp import StompSession
+from harness.traps.base import Drop, Firing, Freeze, Kill, PidSource, TrapSet
+from harness.traps.trapd import Event, Relay, relay
 
 PROTOCOLS = ("postgres", "stomp", "kafka")
-CHUNK = 256 * 1024
 
 
 class TrapProxy:
@@ -61,51 +49,49 @@ class TrapProxy:
         self.protocol = protocol
         self.upstream = upstream
         self.traps = traps if traps is not None else TrapSet()
-        self._finder = OpFinder(self.traps.armed_ops, op_pattern)
+        self._pattern = op_pattern.pattern.decode() if op_pattern is not None else ""
         self._listen = listen
-        self._server: socket.socket | None = None
-        self._conns: dict[int, _Connection] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._cluster: KafkaCluster | None = None
-        self._acceptor: threading.Thread | None = None
+        self._relay: Relay | None = None
+        self._id = 0
+        self._address: tuple[str, int] | None = None
         self.owner = owner  # the process a Kill() or Freeze() without a pid acts on
         self.label = label
 
     @property
     def address(self) -> tuple[str, int]:
-        if self._server is None:
+        if self._address is None:
             raise HarnessError("the trap proxy is not started", hint="call start() or use it as a context manager")
-        host, port = self._server.getsockname()[:2]
-        return str(host), int(port)
+        return self._address
 
     def start(self) -> TrapProxy:
-        server = socket.create_server(self._listen, backlog=128)
-        self._server = server
-        if self.protocol == "kafka":
-            self._cluster = KafkaCluster(self._finder, {self.upstream: self.address})
-        self._acceptor = threading.Thread(target=self._accept, name=f"trap-{self.protocol}-accept", daemon=True)
-        self._acceptor.start()
+        relay_ = relay()
+        sid = self.traps.bind(relay_)
+        reply = relay_.call(
+            "listen",
+            set=sid,
+            protocol=self.protocol,
+            listen=f"{self._listen[0]}:{self._listen[1]}",
+            upstream=f"{self.upstream[0]}:{self.upstream[1]}",
+            pattern=self._pattern,
+        )
+        self._relay, self._id = relay_, int(reply["proxy"])
+        host, _, port = str(reply["address"]).rpartition(":")
+        self._address = (host, int(port))
+        relay_.on_event(self._id, self._fired)
         return self
 
     def stop(self) -> None:
         """Close the listener and every relayed connection; idempotent."""
-        server, self._server = self._server, None
-        if server is not None:
-            _shut(server)
-        with self._lock:
-            conns = list(self._conns.values())
-        for conn in conns:
-            conn.close()  # first: a held message released below is then dropped, never delivered late
-        try:
-            self.traps.thaw()  # a frozen hold must not outlive the proxy
-        finally:
-            if self._acceptor is not None:
-                self._acceptor.join(timeout=5)
+        relay_, self._relay = self._relay, None
+        if relay_ is not None and relay_.alive():
+            # First: a held message released below is then dropped, never delivered late.
+            relay_.call("stop", proxy=self._id)
+            relay_.on_event(self._id, None)
+        self.traps.thaw()  # a frozen hold must not outlive the proxy
 
     def connections(self) -> int:
-        with self._lock:
-            return len(self._conns)
+        relay_ = self._relay
+        return 0 if relay_ is None else int(relay_.call("conns", proxy=self._id)["conns"])
 
     def __enter__(self) -> TrapProxy:
         return self.start()
@@ -113,32 +99,28 @@ class TrapProxy:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
-    def _session(self) -> Session:
-        if self.protocol == "postgres":
-            return PgSession(self._finder)
-        if self.protocol == "stomp":
-            return StompSession(self._finder)
-        assert self._cluster is not None
-        return self._cluster.session()
-
-    def _accept(self) -> None:
-        server = self._server
-        while server is not None:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return  # stop() closed the listener
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=10)
-            except OSError:
-                _shut(client)  # the client sees the refusal as a closed connection, as without the trap
-                continue
-            upstream.settimeout(None)
-            cid = next(self._ids)
-            conn = _Connection(cid, client, upstream, self._session(), self.traps, self._forget, self._aim, self.label)
-            with self._lock:
-                self._conns[cid] = conn
-            conn.start()
+    def _fired(self, event: Event) -> None:
+        """Record a firing, run its action, and tell the relay what becomes of the held message."""
+        relay_, hold = self._relay, int(event["hold"])
+        if relay_ is None:
+            return  # stopped meanwhile: its connections are closed, the message with them
+        trap = self.traps.take(int(event["trap"]))
+        if trap is None:  # disarmed while the relay fired it: as if it had not fired
+            _decide(relay_, hold, release=True)
+            return
+        held = True
+        try:
+            action = self._aim(trap.action)
+            point, op = str(event["point"]), str(event["op"]) or None
+            self.traps.record(Firing(point, op, int(event["conn"]), int(event["ts_ns"]), action.name, self.label))
+            if isinstance(action, Freeze):
+                self.traps.freeze(action, lambda: _decide(relay_, hold, release=True))
+                held = False  # the thaw releases it
+            elif isinstance(action, Kill):
+                action.signal(signal.SIGKILL)  # before the close: the process must not see the connection end
+        finally:
+            if held:
+                _decide(relay_, hold, release=False)
 
     def _aim(self, action: Kill | Freeze | Drop) -> Kill | Freeze | Drop:
         """Return ``action`` aimed at this proxy's owner when it names no process."""
@@ -146,95 +128,7 @@ class TrapProxy:
             return replace(action, pid=self.owner)
         return action
 
-    def _forget(self, cid: int) -> None:
-        with self._lock:
-            self._conns.pop(cid, None)
 
-
-class _Connection:
-    """One relayed connection: two pumps sharing one protocol session."""
-
-    def __init__(
-        self,
-        cid: int,
-        client: socket.socket,
-        upstream: socket.socket,
-        session: Session,
-        traps: TrapSet,
-        forget: Callable[[int], None],
-        aim: Callable[[Kill | Freeze | Drop], Kill | Freeze | Drop],
-        label: str,
-    ) -> None:
-        self.cid = cid
-        self._aim = aim
-        self._label = label
-        self._client = client
-        self._upstream = upstream
-        self._session = session
-        self._traps = traps
-        self._forget = forget
-        self._closed = threading.Event()
-        self._left = 2
-        self._lock = threading.Lock()
-        for s in (client, upstream):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def start(self) -> None:
-        for direction, src, dst in (("up", self._client, self._upstream), ("down", self._upstream, self._client)):
-            name = f"trap-{self.cid}-{direction}"
-            threading.Thread(target=self._pump, args=(direction, src, dst), name=name, daemon=True).start()
-
-    def close(self) -> None:
-        self._closed.set()
-        _shut(self._client)
-        _shut(self._upstream)
-
-    def _pump(self, direction: Direction, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(CHUNK)
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)  # a half-close goes on, as Toxiproxy does
-                    return
-                out, hits = self._session.feed(direction, data)
-                fired = self._fire(hits)
-                if fired is None:
-                    dst.sendall(out)
-                    continue
-                hit, action = fired
-                dst.sendall(out[: hit.offset])
-                if isinstance(action, Freeze):
-                    self._traps.freeze(action).wait()
-                    if self._closed.is_set():
-                        return
-                    dst.sendall(out[hit.offset :])
-                    continue
-                if isinstance(action, Kill):
-                    action.signal(signal.SIGKILL)  # before the close: the process must not see the connection end
-                self.close()
-                return
-        except OSError:
-            self.close()  # one side went away: end the other, as a plain TCP proxy would
-        except Exception:
-            self.close()  # a failing action (its pid source raised): the held message must still not go on
-            raise
-        finally:
-            with self._lock:
-                self._left -= 1
-                done = self._left == 0
-            if done:
-                self.close()
-                self._forget(self.cid)
-
-    def _fire(self, hits: list[Hit]) -> tuple[Hit, Kill | Freeze | Drop] | None:
-        for hit in hits:
-            matched = self._traps.match(hit, self.cid, self._label)
-            if matched is not None:
-                return hit, self._aim(matched[0].action)
-        return None
-
-
-def _shut(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.shutdown(socket.SHUT_RDWR)
-    s.close()
+def _decide(relay_: Relay, hold: int, *, release: bool) -> None:
+    """Tell the relay to let the held message go on (``release``) or to close its connection."""
+    relay_.call("decide", hold=hold, release=release)

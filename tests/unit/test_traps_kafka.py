@@ -6,16 +6,10 @@ import struct
 
 import pytest
 
-from harness.traps.base import Hit, OpFinder
-from harness.traps.kafka import (
-    END_TXN,
-    FIND_COORDINATOR,
-    METADATA,
-    OFFSET_COMMIT,
-    PRODUCE,
-    KafkaCluster,
-    KafkaSession,
-)
+from tests.unit.trapfeed import GoSession, Hit, KafkaCluster
+
+PRODUCE, METADATA, OFFSET_COMMIT, FIND_COORDINATOR, END_TXN = 0, 3, 8, 10, 26
+KafkaSession = GoSession
 
 TOXI, TRAP = ("127.0.0.1", 19092), ("127.0.0.1", 41234)
 OTHER = ("127.0.0.1", 19093)
@@ -77,7 +71,7 @@ def find_coordinator(version: int, addr: tuple[str, int]) -> bytes:
 
 
 def session(*ops: str) -> KafkaSession:
-    return KafkaCluster(OpFinder(lambda: frozenset(ops)), {TOXI: TRAP}).session()
+    return KafkaCluster(frozenset(ops), {TOXI: TRAP}).session()
 
 
 def roundtrip(
@@ -145,7 +139,7 @@ def test_produce_ack_fires_after_with_the_ops_of_its_records() -> None:
 
 
 def test_end_txn_carries_the_ops_produced_in_its_transaction_across_connections() -> None:
-    cluster = KafkaCluster(OpFinder(lambda: frozenset({"op-4"})), {})
+    cluster = KafkaCluster(frozenset({"op-4"}), {})
     leader, coordinator = cluster.session(), cluster.session()
     leader.feed("up", request(PRODUCE, 3, 1, produce_v3("tx-a", ["op-4"])))
     leader.feed("up", request(PRODUCE, 3, 2, produce_v3("tx-b", ["op-5"])))

@@ -30,18 +30,6 @@ type Session interface {
 // Finder finds op ids in bytes: the armed ones, and every match of the proxy's op pattern.
 type Finder func(data []byte) []string
 
-// Points maps every trap point to the protocol whose reader reports it.
-var Points = map[string]string{
-	"pg_before_commit":           "postgres",
-	"pg_after_commit":            "postgres",
-	"stomp_before_ack":           "stomp",
-	"stomp_before_commit":        "stomp",
-	"stomp_after_commit":         "stomp",
-	"kafka_before_offset_commit": "kafka",
-	"kafka_before_end_txn":       "kafka",
-	"kafka_after_produce":        "kafka",
-}
-
 // opSet is a small set of op ids, returned sorted.
 type opSet map[string]struct{}
 
