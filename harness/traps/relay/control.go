@@ -62,11 +62,25 @@ func (e *engine) run(c command) (map[string]any, error) {
 	switch c.Cmd {
 	case "set":
 		return map[string]any{"set": e.newSet()}, nil
-	case "listen":
-		s, err := e.set(c.Set)
-		if err != nil {
-			return nil, err
+	case "decide":
+		e.decide(c.Hold, c.Release)
+		return map[string]any{}, nil
+	case "conns", "stop":
+		p := e.proxy(c.Proxy)
+		if p == nil {
+			return map[string]any{"conns": 0}, nil // a stopped proxy has none, and stops once
 		}
+		if c.Cmd == "stop" {
+			e.stop(p)
+		}
+		return map[string]any{"conns": p.count()}, nil
+	}
+	s := e.set(c.Set) // the other commands act on a trap set
+	if s == nil {
+		return nil, fmt.Errorf("no trap set %d", c.Set)
+	}
+	switch c.Cmd {
+	case "listen":
 		if Protocols[c.Protocol] == "" {
 			return nil, fmt.Errorf("no trap proxy for protocol %q", c.Protocol)
 		}
@@ -75,49 +89,20 @@ func (e *engine) run(c command) (map[string]any, error) {
 			return nil, err
 		}
 		return map[string]any{"proxy": p.id, "address": p.listener.Addr().String()}, nil
-	case "arm":
-		s, err := e.set(c.Set)
-		if err != nil {
-			return nil, err
-		}
-		// The point was checked by the harness (harness.traps.base.POINTS); a misspelt one never fires.
-		s.mu.Lock()
-		s.armed = append(s.armed, trap{id: c.Trap, point: c.Point, op: c.Op, nth: c.Nth})
-		s.mu.Unlock()
-		return map[string]any{}, nil
-	case "disarm":
-		s, err := e.set(c.Set)
-		if err != nil {
-			return nil, err
-		}
-		s.mu.Lock()
-		s.armed = nil
-		s.mu.Unlock()
-		return map[string]any{}, nil
-	case "hits":
-		s, err := e.set(c.Set)
-		if err != nil {
-			return nil, err
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return map[string]any{"hits": s.hits[c.Point]}, nil
-	case "decide":
-		e.decide(c.Hold, c.Release)
-		return map[string]any{}, nil
-	case "conns":
-		p, err := e.proxy(c.Proxy)
-		if err != nil {
-			return map[string]any{"conns": 0}, nil // a stopped proxy has none
-		}
-		return map[string]any{"conns": p.count()}, nil
-	case "stop":
-		if p, err := e.proxy(c.Proxy); err == nil {
-			e.stop(p)
-		}
-		return map[string]any{}, nil
 	}
-	return nil, fmt.Errorf("unknown command %q", c.Cmd)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch c.Cmd {
+	case "arm": // the point was checked by the harness (harness.traps.base.POINTS)
+		s.armed = append(s.armed, trap{id: c.Trap, point: c.Point, op: c.Op, nth: c.Nth})
+	case "disarm":
+		s.armed = nil
+	case "hits":
+		return map[string]any{"hits": s.hits[c.Point]}, nil
+	default:
+		return nil, fmt.Errorf("unknown command %q", c.Cmd)
+	}
+	return map[string]any{}, nil
 }
 
 // Protocols names the readers a proxy can run.

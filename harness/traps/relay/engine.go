@@ -258,24 +258,16 @@ func (e *engine) newSet() int {
 	return s.id
 }
 
-func (e *engine) set(id int) (*trapSet, error) {
+func (e *engine) set(id int) *trapSet {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, ok := e.sets[id]
-	if !ok {
-		return nil, errors.New("no such trap set")
-	}
-	return s, nil
+	return e.sets[id]
 }
 
-func (e *engine) proxy(id int) (*proxy, error) {
+func (e *engine) proxy(id int) *proxy {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	p, ok := e.proxies[id]
-	if !ok {
-		return nil, errors.New("no such proxy")
-	}
-	return p, nil
+	return e.proxies[id]
 }
 
 // listen starts a proxy of set on address for protocol in front of upstream.
