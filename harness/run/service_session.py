@@ -126,7 +126,12 @@ class ServiceSession(SinkSession[Any]):
                     self._ports[(name, protocol)] = (ep.host, ep.port)
                     continue
                 proxy = TrapProxy(
-                    protocol, (ep.host, ep.port), self.traps, owner=self._pid_of(name), label=name
+                    protocol,
+                    (ep.host, ep.port),
+                    self.traps,
+                    owner=self._pid_of(name),
+                    label=name,
+                    toxiproxy=self.endpoints.toxiproxy_api,
                 ).start()
                 self._proxies.append(proxy)
                 self._ports[(name, protocol)] = proxy.address

@@ -6,7 +6,7 @@ Standard library only: ``./txchaos`` runs this file before the project's virtual
 - the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes;
 - Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
 - ActiveMQ Classic and Kafka jars resolved by Maven from the pinned POMs in ``fixtures/jars``;
-- the Toxiproxy server built with ``go install`` at a pinned tag;
+- Toxiproxy's server with the trap toxics (``trapd``, ``harness/traps/relay``) built with ``go build``;
 - the DTM server built with ``go build`` at a pinned release (Go caches kept under the cache);
 - the Allure command line from the npm registry, for offline HTML reports.
 
@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 if not __package__:
@@ -44,7 +44,7 @@ if not __package__:
 
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 TOXIPROXY_VERSION = "v2.12.0"
-TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+TRAPD_SOURCE = Path(__file__).resolve().parent.parent / "traps" / "relay"
 DTM_VERSION = "v1.19.0"
 DTM_MODULE = "github.com/dtm-labs/dtm"
 JAVA_MIN = 17
@@ -306,20 +306,44 @@ def ensure_jars(name: str, *, verify: bool = False) -> str:
     return str(dest)
 
 
+def trapd_sources() -> list[Path]:
+    """Return the files ``trapd`` is built from: its module files and its Go sources, tests left out."""
+    return sorted(
+        p
+        for p in TRAPD_SOURCE.iterdir()
+        if p.name in ("go.mod", "go.sum") or (p.suffix == ".go" and not p.name.endswith("_test.go"))
+    )
+
+
+def trapd_path() -> Path:
+    """Return where the build of this package's ``trapd`` sources lives in the cache (one file per version)."""
+    digest = hashlib.sha256()
+    for path in trapd_sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return cache_root() / "bin" / f"trapd-{digest.hexdigest()[:16]}"
+
+
 def ensure_toxiproxy(*, verify: bool = False) -> str:
-    """Return the Toxiproxy server binary, built with ``go install`` at the pinned tag."""
-    dest = cache_root() / "bin" / f"toxiproxy-server-{TOXIPROXY_VERSION}"
+    """Return the stack's Toxiproxy: its server with the trap toxics (``trapd``), built once per source version.
+
+    ``trapd`` is Toxiproxy's server built as a library (the pinned release in ``relay/go.mod``) with
+    the wire-level traps inside it, so a trap costs no second hop (docs/traps.md, "Cost").
+    """
+    dest = trapd_path()
     if _intact("toxiproxy", dest, dest, verify=verify):
         return str(dest)
-    go = _need("go", "install Go 1.22+ (https://go.dev/doc/install); toxiproxy is built with `go install`")
-    gobin = dest.parent / "gobin.partial"
-    shutil.rmtree(gobin, ignore_errors=True)
-    gobin.mkdir(parents=True)
-    env = dict(os.environ, GOBIN=str(gobin), CGO_ENABLED="0")
-    say(f"building toxiproxy {TOXIPROXY_VERSION} with go install (once, about a minute)...")
-    _run([go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], what="building toxiproxy", env=env)
-    (gobin / "server").rename(dest)
-    shutil.rmtree(gobin, ignore_errors=True)
+    go = _need("go", "install Go 1.23+ (https://go.dev/doc/install); Toxiproxy with the traps is built with it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / "trapd.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs that start at once build it once
+        if not dest.exists():
+            with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+                for path in trapd_sources():
+                    shutil.copy(path, tmp)
+                say("building Toxiproxy with the trap relay (trapd) with go build, once per version...")
+                env = {**go_env(), "GOTOOLCHAIN": "local"}
+                _run([go, "build", "-trimpath", "-o", "trapd", "."], what="building trapd", env=env, cwd=Path(tmp))
+                os.replace(Path(tmp) / "trapd", dest)
     record("toxiproxy", dest)
     return str(dest)
 
@@ -508,6 +532,10 @@ def load_tools() -> Tools:
     tools = Tools(**json.loads(path.read_text()))
     if not tools.dtm:
         raise BootstrapError(f"{path} predates the DTM server: run {INSTALL} again")
+    if tools.toxiproxy != str(trapd_path()):
+        # The stack's Toxiproxy carries the traps, whose control channel this package speaks: the
+        # build of this package's sources, not an older one the last install recorded.
+        tools = replace(tools, toxiproxy=ensure_toxiproxy())
     for value in (tools.java, tools.postgres_bin, tools.activemq_lib, tools.kafka_lib, tools.toxiproxy, tools.dtm):
         if not Path(value).exists():
             raise BootstrapError(f"{value} is gone: run {INSTALL} to reinstall")

@@ -53,8 +53,6 @@ KAFKA_CONTROLLER_PORT = 29093
 # DTM's gRPC listener cannot be switched off; nothing in the harness speaks gRPC, so it is not proxied.
 DTM_GRPC_PORT = 36790
 
-TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
-
 # The role the systems under test and the harness's runs connect as: the local provider makes it
 # a non-superuser owning DB_NAME, with a password generated per stack (DB_PASSWORD is docker's).
 DB_USER = "txchaos"

@@ -1,5 +1,8 @@
-"""A trap proxy: a listener of the relay (``trapd``) in front of a Toxiproxy proxy, and the actions of its traps.
+"""A trap proxy: a proxy of the relay (``trapd``) in front of a Toxiproxy proxy, and the actions of its traps.
 
+In the stack's Toxiproxy (``toxiproxy=`` its API) the trap proxy is a twin of the proxy at
+``upstream``: it forwards straight to that proxy's upstream and carries its network faults, so
+the traps add no hop. With no stack, a ``trapd serve`` of this process relays to ``upstream``.
 The relay forwards the bytes as they came (Kafka's broker addresses excepted, see
 ``relay/kafka.go``) and, when a hit fires a trap, forwards the bytes before the held message and
 reports the firing. The harness then runs the action on a thread of its own: ``kill`` signals the
@@ -27,7 +30,7 @@ class TrapProxy:
 
     Example::
 
-        with TrapProxy("postgres", ("127.0.0.1", ep.postgres.port), traps) as proxy:
+        with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
             engine = db.engine(url_with(proxy.address))
     """
 
@@ -41,6 +44,7 @@ class TrapProxy:
         op_pattern: re.Pattern[bytes] | None = None,
         owner: PidSource | None = None,
         label: str = "",
+        toxiproxy: str | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ConfigError(f"no trap proxy for protocol {protocol!r}", hint=f"use one of {', '.join(PROTOCOLS)}")
@@ -54,8 +58,10 @@ class TrapProxy:
         self._relay: Relay | None = None
         self._id = 0
         self._address: tuple[str, int] | None = None
+        self.route = ""  # the stack proxy this one twins, once started ("" when it relays to upstream)
         self.owner = owner  # the process a Kill() or Freeze() without a pid acts on
         self.label = label
+        self.toxiproxy = toxiproxy  # the stack's Toxiproxy API, whose proxy at upstream the trap twins
 
     @property
     def address(self) -> tuple[str, int]:
@@ -64,7 +70,7 @@ class TrapProxy:
         return self._address
 
     def start(self) -> TrapProxy:
-        relay_ = relay()
+        relay_ = relay(self.toxiproxy)
         sid = self.traps.bind(relay_)
         reply = relay_.call(
             "listen",
@@ -74,7 +80,7 @@ class TrapProxy:
             upstream=f"{self.upstream[0]}:{self.upstream[1]}",
             pattern=self._pattern,
         )
-        self._relay, self._id = relay_, int(reply["proxy"])
+        self._relay, self._id, self.route = relay_, int(reply["proxy"]), str(reply.get("route", ""))
         host, _, port = str(reply["address"]).rpartition(":")
         self._address = (host, int(port))
         relay_.on_event(self._id, self._fired)
@@ -88,10 +94,6 @@ class TrapProxy:
             relay_.call("stop", proxy=self._id)
             relay_.on_event(self._id, None)
         self.traps.thaw()  # a frozen hold must not outlive the proxy
-
-    def connections(self) -> int:
-        relay_ = self._relay
-        return 0 if relay_ is None else int(relay_.call("conns", proxy=self._id)["conns"])
 
     def __enter__(self) -> TrapProxy:
         return self.start()

@@ -92,7 +92,7 @@ def _rows(eng: sa.Engine, table: str) -> set[str]:
 
 def _pg_run(ep: Endpoints, point: str, op: str, *ops: str) -> tuple[int, str, list[Firing]]:
     traps = TrapSet()
-    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps) as proxy:
+    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_PG_URL": _pg_url(ep, proxy.address)}, "pg", *ops)
         traps.arm(Trap(point, Kill(client.pid), op=op))
         rc, out, _ = client.start().finish()
@@ -121,7 +121,7 @@ def test_pg_before_commit_kill_commits_nothing(txchaos_stack: Endpoints, tables:
 def test_pg_before_commit_freeze_holds_the_commit_until_thaw(txchaos_stack: Endpoints, tables: sa.Engine) -> None:
     ep = txchaos_stack
     traps = TrapSet()
-    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps) as proxy:
+    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_PG_URL": _pg_url(ep, proxy.address)}, "pg", "op-a")
         traps.arm(Trap("pg_before_commit", Freeze(client.pid), op="op-a"))
         client.start()
@@ -163,7 +163,7 @@ def test_stomp_after_commit_kill_commits_at_the_broker_unknown_to_the_client(txc
         for op in ("op-a", "op-b"):
             feeder.send(q, op, headers={"txchaos-op": op})
     traps = TrapSet()
-    with TrapProxy("stomp", (ep.stomp.host, ep.stomp.port), traps) as proxy:
+    with TrapProxy("stomp", (ep.stomp.host, ep.stomp.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_STOMP": f"{proxy.address[0]}:{proxy.address[1]}"}, "stomp", q, "op-a", "op-b")
         traps.arm(Trap("stomp_after_commit", Kill(client.pid), op="op-b"))
         rc, out, err = client.start().finish()
@@ -181,7 +181,7 @@ def test_stomp_before_commit_kill_rolls_the_transaction_back(txchaos_stack: Endp
     with StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0)) as feeder:
         feeder.send(q, "op-a", headers={"txchaos-op": "op-a"})
     traps = TrapSet()
-    with TrapProxy("stomp", (ep.stomp.host, ep.stomp.port), traps) as proxy:
+    with TrapProxy("stomp", (ep.stomp.host, ep.stomp.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_STOMP": f"{proxy.address[0]}:{proxy.address[1]}"}, "stomp", q, "op-a")
         traps.arm(Trap("stomp_before_commit", Kill(client.pid), op="op-a"))
         rc, out, _ = client.start().finish()
@@ -203,7 +203,7 @@ def _produce_killed_on_op_b(ep: Endpoints, mode: str, point: str) -> str:
     topic = f"txchaos-traps-{uuid.uuid4().hex[:8]}"
     kafka.create_topics(ep.kafka.address, [topic], partitions=1)
     traps = TrapSet()
-    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
+    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, mode, topic, "op-a", "op-b")
         traps.arm(Trap(point, Kill(client.pid), op="op-b"))
         rc, out, err = client.start().finish()
@@ -242,10 +242,81 @@ def test_kafka_before_offset_commit_kill_leaves_the_offset_uncommitted(txchaos_s
     kafka.create_topics(ep.kafka.address, [topic], partitions=1)
     kafka.produce(ep.kafka.address, topic, [("a", "op-a"), ("b", "op-b")])
     traps = TrapSet()
-    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps) as proxy:
+    with TrapProxy("kafka", (ep.kafka.host, ep.kafka.port), traps, toxiproxy=ep.toxiproxy_api) as proxy:
         client = Client({"TRAP_KAFKA": f"{proxy.address[0]}:{proxy.address[1]}"}, "kafka-consume", topic, "2")
         traps.arm(Trap("kafka_before_offset_commit", Kill(client.pid), nth=2))  # an offset names no op
         rc, out, err = client.start().finish()
     assert rc == SIGKILL_RC, err
     assert out.split("\n")[:-1] == ["committed op-a"]
     assert kafka.committed_offsets(ep.kafka.address, f"{topic}-group", topic) == {0: 1}  # op-b's never reached it
+
+
+def test_a_trap_proxy_twins_the_stack_proxy_and_carries_its_network_faults(
+    txchaos_stack: Endpoints, tables: sa.Engine
+) -> None:
+    """The trap proxy is the Postgres proxy's twin inside Toxiproxy: no second hop, the same faults."""
+    from harness.clients.toxiproxy import ToxiproxyAdmin
+    from harness.faults.network import Latency, Partition
+
+    ep = txchaos_stack
+    admin = ToxiproxyAdmin(ep.toxiproxy_api)
+    with TrapProxy("postgres", (ep.postgres.host, ep.postgres.port), toxiproxy=ep.toxiproxy_api) as proxy:
+        assert proxy.route == ep.postgres.proxy
+        twin = f"txchaos-trap-{proxy._id}"
+        assert admin.proxies()[twin]["upstream"] == admin.proxies()[ep.postgres.proxy]["upstream"]
+        eng = db.engine(_pg_url(ep, proxy.address), pool_size=1)
+        try:
+            assert _timed_select(eng) < 0.25
+            slow = Latency(ms=300).on(ep.postgres.proxy, admin)
+            slow.apply()
+            try:
+                assert _timed_select(eng) >= 0.3  # the route's toxic reached the twin's connection
+            finally:
+                slow.heal()
+            assert _timed_select(eng) < 0.25
+            cut = Partition().on(ep.postgres.proxy, admin)
+            cut.apply()
+            try:
+                with pytest.raises(sa.exc.OperationalError):
+                    _timed_select(eng)
+            finally:
+                cut.heal()
+            eng.dispose()
+            admin.reset()  # Toxiproxy's reset: the route's faults go, the twin's trap stays
+            assert [t["type"] for t in admin.toxics(twin)] == ["txchaos_trap", "txchaos_trap"]
+        finally:
+            eng.dispose()
+    assert twin not in admin.proxies()  # a stopped trap proxy leaves nothing in Toxiproxy
+
+
+def _timed_select(eng: sa.Engine) -> float:
+    start = time.monotonic()
+    with eng.connect() as conn:
+        conn.exec_driver_sql("SELECT 1").scalar()
+    return time.monotonic() - start
+
+
+def test_a_harness_killed_by_sigkill_leaves_no_trap_proxy(txchaos_stack: Endpoints) -> None:
+    """trapd drops what a harness made when its control channel closes, however the harness ended."""
+    from harness.clients.toxiproxy import ToxiproxyAdmin
+
+    ep = txchaos_stack
+    code = (
+        "import sys, time\n"
+        "from harness.traps import TrapProxy\n"
+        f"upstream = ({ep.postgres.host!r}, {ep.postgres.port})\n"
+        f"p = TrapProxy('postgres', upstream, toxiproxy={ep.toxiproxy_api!r}).start()\n"
+        "print(f'txchaos-trap-{p._id}', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        twin = proc.stdout.readline().strip()
+        admin = ToxiproxyAdmin(ep.toxiproxy_api)
+        assert twin in admin.proxies()
+        proc.kill()
+        proc.wait()
+        _wait(lambda: twin not in admin.proxies(), timeout=10)
+    finally:
+        proc.kill()

@@ -17,6 +17,8 @@ import pytest
 from harness.cli import main
 from harness.stack import bootstrap
 
+TRAPD = bootstrap.trapd_path().name  # the stack's Toxiproxy: named by the version of its sources
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (lib / f"{name}-core-1.0.jar").write_bytes(b"PK\x03\x04 core " + name.encode() * 50)
         (lib / ".complete").write_text("2026-01-01T00:00:00")
         bootstrap.record(f"{name} jars", lib)
-    for component, binary in (("toxiproxy", "toxiproxy-server-v2.12.0"), ("dtm", bootstrap.DTM_BINARY)):
+    for component, binary in (("toxiproxy", TRAPD), ("dtm", bootstrap.DTM_BINARY)):
         path = root / "bin" / binary
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x7fELF" + component.encode() * 200)
@@ -43,7 +45,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         postgres_bin=str(tmp_path),
         activemq_lib=str(root / "jars" / "activemq-0123456789ab"),
         kafka_lib=str(root / "jars" / "kafka-0123456789ab"),
-        toxiproxy=str(root / "bin" / "toxiproxy-server-v2.12.0"),
+        toxiproxy=str(root / "bin" / TRAPD),
         allure=None,
         dtm=str(root / "bin" / bootstrap.DTM_BINARY),
     )
@@ -69,9 +71,9 @@ def test_a_missing_jar_is_named_with_the_remedy(cache: Path) -> None:
 
 
 def test_a_truncated_binary_is_caught_by_the_cheap_check(cache: Path) -> None:
-    binary = cache / "bin" / "toxiproxy-server-v2.12.0"
+    binary = cache / "bin" / TRAPD
     binary.write_bytes(binary.read_bytes()[:10])
-    with pytest.raises(bootstrap.BootstrapError, match=r"toxiproxy-server-v2\.12\.0 changed\): run `txchaos install`"):
+    with pytest.raises(bootstrap.BootstrapError, match=rf"{TRAPD} changed\): run `txchaos install`"):
         bootstrap.load_tools()
 
 

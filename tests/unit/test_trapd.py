@@ -1,4 +1,4 @@
-"""The relay's Go tests (the readers' internals: nothing unread is buffered; two pumps at once), vet and gofmt."""
+"""The relay's Go tests (the readers' internals, the trap toxic inside Toxiproxy), vet and gofmt."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import subprocess
 
 import pytest
 
+from harness.stack.bootstrap import TRAPD_SOURCE as SOURCE
 from harness.stack.bootstrap import go_env
-from harness.traps.trapd import SOURCE
 
 
 def _go(*args: str) -> subprocess.CompletedProcess[str]:
     go = shutil.which("go")
-    assert go is not None, "the trap relay is built with Go: install Go 1.22+"
+    assert go is not None, "the trap relay is built with Go: install Go 1.23+"
     env = {**go_env(), "GOTOOLCHAIN": "local"}
     return subprocess.run([go, *args], cwd=SOURCE, env=env, capture_output=True, text=True, timeout=600)
 

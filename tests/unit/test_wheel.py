@@ -61,6 +61,10 @@ def test_the_wheel_holds_every_runtime_file(wheel: Path) -> None:
     assert not [f for f in scenarios if f"harness/_data/{f}" not in names]
     for name in ("harness/_data/docker-compose.yml", "harness/py.typed", "harness/resources.py"):
         assert name in names
+    # The stack's Toxiproxy (trapd) is built from these on the user's machine.
+    relay = [f for f in _tracked("harness/traps/relay") if not f.endswith("_test.go")]
+    assert "harness/traps/relay/go.sum" in relay
+    assert not [f for f in relay if f not in names], "trapd's build files are not all in the wheel"
 
 
 def test_the_shipped_files_are_the_checkout_s(wheel: Path) -> None:

@@ -1,7 +1,8 @@
-// The control channel: one JSON object a line on stdin (commands), one a line on stdout (replies
-// carrying the command's id, and "fired" events). The harness that started trapd is its only
-// client; when its end of stdin closes (the harness exited, even by SIGKILL), trapd exits, so a
-// relay never outlives its run.
+// The control channel: one JSON object a line in (commands), one a line out (replies carrying the
+// command's id, and "fired" events). A harness reaches it on the stack's Toxiproxy (an upgrade of
+// `GET /trapd`, server.go) or on the stdin/stdout of `trapd serve`. What a harness made (its trap
+// sets, its proxies, the messages they hold) goes when its channel closes, even when the harness
+// was killed by SIGKILL, so a trap never outlives its run.
 package main
 
 import (
@@ -11,6 +12,10 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 )
 
 type command struct {
@@ -30,52 +35,48 @@ type command struct {
 	Pattern  string `json:"pattern"`
 }
 
-// serve runs the control loop until stdin ends.
-func serve(in io.Reader, out io.Writer) error {
+// serve runs one client's control loop until in ends, then drops what the client made.
+func (e *Engine) serve(in io.Reader, out io.Writer) error {
 	var mu sync.Mutex
 	enc := json.NewEncoder(out)
-	emit := func(v any) {
+	cl := &client{emit: func(v any) {
 		mu.Lock()
 		defer mu.Unlock()
-		enc.Encode(v) // a harness gone away ends the loop at its next read of stdin
-	}
-	e := newEngine(emit)
+		enc.Encode(v) // a harness gone away ends the loop at its next read
+	}}
+	defer e.drop(cl)
 	scanner := bufio.NewScanner(in)
 	scanner.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	for scanner.Scan() {
 		var c command
 		if err := json.Unmarshal(scanner.Bytes(), &c); err != nil {
-			emit(map[string]any{"id": 0, "error": fmt.Sprintf("bad command %q: %v", scanner.Text(), err)})
+			cl.emit(map[string]any{"id": 0, "error": fmt.Sprintf("bad command %q: %v", scanner.Text(), err)})
 			continue
 		}
-		reply, err := e.run(c)
+		reply, err := e.run(cl, c)
 		if err != nil {
 			reply = map[string]any{"error": err.Error()}
 		}
 		reply["id"] = c.ID
-		emit(reply)
+		cl.emit(reply)
 	}
 	return scanner.Err()
 }
 
-func (e *engine) run(c command) (map[string]any, error) {
+func (e *Engine) run(cl *client, c command) (map[string]any, error) {
 	switch c.Cmd {
 	case "set":
-		return map[string]any{"set": e.newSet()}, nil
+		return map[string]any{"set": e.newSet(cl).id}, nil
 	case "decide":
 		e.decide(c.Hold, c.Release)
 		return map[string]any{}, nil
-	case "conns", "stop":
-		p := e.proxy(c.Proxy)
-		if p == nil {
-			return map[string]any{"conns": 0}, nil // a stopped proxy has none, and stops once
+	case "stop":
+		if p := e.proxy(c.Proxy); p != nil && p.set.owner == cl {
+			e.stop(p) // a proxy stops once
 		}
-		if c.Cmd == "stop" {
-			e.stop(p)
-		}
-		return map[string]any{"conns": p.count()}, nil
+		return map[string]any{}, nil
 	}
-	s := e.set(c.Set) // the other commands act on a trap set
+	s := e.set(cl, c.Set) // the other commands act on a trap set of this client
 	if s == nil {
 		return nil, fmt.Errorf("no trap set %d", c.Set)
 	}
@@ -88,7 +89,7 @@ func (e *engine) run(c command) (map[string]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return map[string]any{"proxy": p.id, "address": p.listener.Addr().String()}, nil
+		return map[string]any{"proxy": p.id, "address": p.tp.Listen, "route": p.route}, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -108,19 +109,22 @@ func (e *engine) run(c command) (map[string]any, error) {
 // Protocols names the readers a proxy can run.
 var Protocols = map[string]string{"postgres": "pg", "stomp": "stomp", "kafka": "kafka"}
 
+// newServer returns a Toxiproxy API server (not listening) whose proxies log nothing below warn.
+func newServer() *toxiproxy.ApiServer {
+	logger := zerolog.New(os.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	return toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), logger)
+}
+
 func main() {
-	mode := "serve"
-	if len(os.Args) > 1 {
-		mode = os.Args[1]
-	}
 	var err error
-	switch mode {
-	case "serve":
-		err = serve(os.Stdin, os.Stdout)
-	case "feed":
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "feed":
 		err = feed(os.Stdin, os.Stdout)
-	default:
-		err = fmt.Errorf("usage: trapd [serve|feed]")
+	case len(os.Args) > 1 && os.Args[1] == "serve":
+		engine = newEngine(newServer(), false) // a private collection: no stack proxy to mirror
+		err = engine.serve(os.Stdin, os.Stdout)
+	default: // the flags of toxiproxy-server: the stack's Toxiproxy, with traps
+		err = serveToxiproxy(os.Args[1:])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "trapd:", err)
