@@ -2,9 +2,9 @@
 
 ``ServiceSession`` is what a service adds to the stage flow of its transport (the ActiveMQ or
 Kafka session: the same destinations, sink, quiescence and books): instead of txchaos workers it
-starts the service's own instances (``ServicePool``), each behind its own trap relays, one per
-protocol the service speaks (``harness.traps``), in front of the stack's Toxiproxy proxies, so
-network faults still apply. A crash of the spec is a trap: armed on an op id (recognised in the
+starts the service's own instances (``ServicePool``), each behind its own trap proxies, one per
+protocol the service speaks (``harness.traps``): twins of the stack's Toxiproxy proxies, inside
+Toxiproxy, so network faults still apply and no hop is added. A crash of the spec is a trap: armed on an op id (recognised in the
 bytes of the service's transaction) or on the nth hit, it kills, freezes or cuts off the instance
 whose connection it fired on; each firing is a ``crash`` event in the ledger and a folder step.
 
@@ -70,7 +70,7 @@ def _static(service: Service, build: Path | None) -> dict[str, str]:
 
 
 class ServiceSession(SinkSession[Any]):
-    """A service's instances and trap relays on a transport's stage flow (see the module docstring)."""
+    """A service's instances and trap proxies on a transport's stage flow (see the module docstring)."""
 
     service: Service
     group: str
@@ -137,8 +137,8 @@ class ServiceSession(SinkSession[Any]):
                 self._ports[(name, protocol)] = proxy.address
         if self.service.relays:
             self.folder.step(
-                f"trap relays for {', '.join(sorted(self.service.protocols())) or 'no protocol'} "
-                f"in front of each of {len(self._names())} instance(s)"
+                f"trap proxies for {', '.join(sorted(self.service.protocols())) or 'no protocol'} "
+                f"for each of {len(self._names())} instance(s)"
             )
 
     def _names(self) -> list[str]:
