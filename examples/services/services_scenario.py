@@ -47,11 +47,16 @@ class Example:
     naive_anomaly: str
     points: tuple[str, ...]  # every trap its fixed variant must stay clean under
 
+    @property
+    def build(self) -> tuple[str, ...]:
+        """The build command: the folder's ``build.sh`` into ``{build}``, none where there is no such script."""
+        return ("bash", "build.sh", "{build}") if (HERE / self.folder / "build.sh").exists() else ()
+
 
 EXAMPLES = {
     "py": Example(
         "py-stomp",
-        ("{python}", "{build}/service.py"),
+        ("{python}", "{source}/service.py"),  # Python needs no build: it runs from its folder
         {**DB, **STOMP},
         "activemq",
         "py_effects",
@@ -88,7 +93,7 @@ def service(name: str, variant: str, **fields: object) -> Service:
     return Service(
         f"{ex.folder}-{variant}",
         command=(*ex.command, "--variant", variant),
-        build=("bash", "build.sh", "{build}"),
+        build=ex.build,
         source=HERE / ex.folder,
         env=ex.env,
         transport=ex.transport,
