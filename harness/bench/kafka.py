@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.bench.report import table, write_section
+from harness.bench.report import bench_parser, table, write_section
 from harness.bench.stack import run_seconds
 from harness.run.dispatch import run_spec
 from harness.run.registry import flow_named
@@ -64,13 +64,12 @@ def _measure(endpoints: Endpoints, variant: str, args: argparse.Namespace) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txchaos bench kafka")
+    parser = bench_parser("kafka")
     parser.add_argument("--messages", type=int, default=30_000, help="records in each run's backlog")
     parser.add_argument("--batch", type=int, default=500, help="records per poll and per DB transaction")
     parser.add_argument("--workers", type=int, default=1, help="consumer processes in the group")
     parser.add_argument("--partitions", type=int, default=3, help="partitions of the input topic")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {', '.join(VARIANTS)}")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in VARIANTS]

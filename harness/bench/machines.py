@@ -11,7 +11,6 @@ Run: ``txchaos bench machines [--patterns onepc,poison] [--fixed-examples 20] [-
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
-from harness.bench.report import table, write_section
+from harness.bench.report import bench_parser, table, write_section
 from harness.machines.profiles import profile
 from harness.machines.targets import TARGETS, Target
 from harness.stack.base import Endpoints
@@ -63,13 +62,12 @@ def _throughput(target: Target, endpoints: Endpoints, examples: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txchaos bench machines")
+    parser = bench_parser("machines")
     parser.add_argument("--patterns", default=",".join(TARGETS), help=f"comma-separated, from {', '.join(TARGETS)}")
     parser.add_argument("--cap", type=int, default=100, help="most examples to search for a counterexample")
     parser.add_argument(
         "--fixed-examples", type=int, default=20, help="examples of each fixed variant, for examples/min"
     )
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.patterns.split(",") if n.strip()]
     unknown = [n for n in names if n not in TARGETS]

@@ -3,6 +3,7 @@ and the stack a benchmark runs on (``bench_stack``)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,13 @@ HEADER = (
     "# Benchmarks\n\nFigures measured on the project's 2-core, 24 GiB machine. "
     "Each section names the command that\nreproduces it.\n"
 )
+
+
+def bench_parser(name: str) -> argparse.ArgumentParser:
+    """Return the parser of ``txchaos bench <name>``, with the ``--no-write`` flag every benchmark that records has."""
+    parser = argparse.ArgumentParser(prog=f"txchaos bench {name}")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    return parser
 
 
 def write_section(title: str, body: str, doc: Path = DOC) -> Path:

@@ -20,7 +20,6 @@ the ``txchaos up`` stack named by ``$TXCHAOS_ENDPOINTS``, or a local stack of it
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
-from harness.bench.report import CHECKOUT, bench_stack, table, write_section
+from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
 from harness.clients import db
 from harness.errors import ConfigError
 from harness.ledger.reader import read_ledger
@@ -143,14 +142,13 @@ def search(ex: ModuleType, ep: Endpoints, names: list[str], cap: int, shrink: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txchaos bench services")
+    parser = bench_parser("services")
     parser.add_argument("--window", type=int, default=100, help="armed pg_after_commit traps to count (0: skip)")
     parser.add_argument("--ops", type=int, default=2000, help="operations per clean-path run (0: skip)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating clean-path rounds per service")
     parser.add_argument("--examples", type=int, default=40, help="state machine examples at most per service (0: skip)")
     parser.add_argument("--only", default="py,go,node", help="example services to measure")
     parser.add_argument("--shrink", action="store_true", help="also shrink each counterexample (minutes)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     ex = examples()
     names = [n for n in args.only.split(",") if n]

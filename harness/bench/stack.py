@@ -6,13 +6,12 @@ records them in docs/benchmarks.md. Targets (issue 2): cold start <= 20 s, reset
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 from rich.console import Console
 
-from harness.bench.report import table, write_section
+from harness.bench.report import bench_parser, table, write_section
 from harness.run.runner import run_scenario
 from harness.run.spec import ScenarioSpec
 from harness.stack.local import LocalProvider
@@ -27,11 +26,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="txchaos bench stack")
+    parser = bench_parser("stack")
     parser.add_argument("--starts", type=int, default=3, help="cold starts to time")
     parser.add_argument("--resets", type=int, default=30, help="per-test resets to time")
     parser.add_argument("--messages", type=int, default=2000, help="messages in the throughput run")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
 
     starts: list[dict[str, float]] = []

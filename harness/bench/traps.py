@@ -16,7 +16,6 @@ named by ``$TXCHAOS_ENDPOINTS``, or a local stack of its own):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.bench.report import bench_stack, table, write_section
+from harness.bench.report import bench_parser, bench_stack, table, write_section
 from harness.clients import db
 from harness.errors import ConfigError, HarnessError
 from harness.stack.base import Endpoints
@@ -193,11 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--client"]:
         _client(argv[1:])
         return 0
-    parser = argparse.ArgumentParser(prog="txchaos bench traps")
+    parser = bench_parser("traps")
     parser.add_argument("--seconds", type=int, default=8, help="seconds per pgbench run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per configuration")
     parser.add_argument("--window", type=int, default=100, help="armed pg_after_commit traps to count")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
     with bench_stack() as ep:
         eng = db.engine(ep.postgres_url, autocommit=True)
