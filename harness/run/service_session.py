@@ -4,9 +4,10 @@
 Kafka session: the same destinations, sink, quiescence and books): instead of txchaos workers it
 starts the service's own instances (``ServicePool``), each behind its own trap proxies, one per
 protocol the service speaks (``harness.traps``): twins of the stack's Toxiproxy proxies, inside
-Toxiproxy, so network faults still apply and no hop is added. A crash of the spec is a trap: armed on an op id (recognised in the
-bytes of the service's transaction) or on the nth hit, it kills, freezes or cuts off the instance
-whose connection it fired on; each firing is a ``crash`` event in the ledger and a folder step.
+Toxiproxy, so network faults still apply and no hop is added. A crash of the spec is a trap:
+armed on an op id (recognised in the bytes of the service's transaction) or on the nth hit, it
+kills, freezes or cuts off the instance whose connection it fired on; each firing is a ``crash``
+event in the ledger and a folder step.
 
 An instance that ends with nothing to explain it (no trap, no fault) is the service's failure:
 the run still closes its books, then raises ``ServiceFailed`` (exit 5), never an anomaly.
