@@ -5,7 +5,8 @@ What every machine shares lives here once: the step log and the counters a bench
 applied (a ``harness.faults`` fault through ``active``: kept until ``heal_network`` or held for
 a while), the "no duplicate effect" watch, and the teardown template: heal, close the run,
 ``judge`` it, and fail with the run folder, the seed and the step list. A machine keeps only its
-own rules, its ``open_session`` and its ``judge``; ``NetworkMachine`` adds the two network rules
+own rules, its ``open_session`` and its ``judge``; every machine has the ``submit(n)`` rule (``n``
+operations, or sagas, or transfers, with nothing armed); ``NetworkMachine`` adds the two network rules
 (``slow_network``, ``heal_network``) a machine without rules of its own for faults uses:
 
 >>> class MyMachine(MachineBase[RunSession]):
@@ -50,6 +51,8 @@ class MachineRun(Protocol):
     def close(self) -> RunResult: ...
 
     def duplicate_effects(self) -> list[str]: ...
+
+    def submit(self, n: int) -> Any: ...
 
 
 S = TypeVar("S", bound=MachineRun)
@@ -127,6 +130,13 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
 
     def remember(self, message: str, result: RunResult) -> None:
         """Keep the first counterexample, for machines whose replay may meet other timing."""
+
+    # -- the rule every machine has -------------------------------------------------------------
+    @rule(n=st.integers(min_value=1, max_value=3))
+    def submit(self, n: int) -> None:
+        """Submit ``n`` operations with nothing armed."""
+        self._step(f"submit({n})")
+        self.run.submit(n)
 
     # -- the step log and faults ---------------------------------------------------------------
     def _step(self, text: str) -> None:

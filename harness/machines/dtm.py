@@ -69,8 +69,8 @@ class DtmMachine(MachineBase[DtmRunSession]):
     # -- rules ---------------------------------------------------------------------------------
     @rule(n=st.integers(min_value=1, max_value=3))
     def submit(self, n: int) -> None:
-        self._step(f"submit({n})")
-        self.run.submit(n)
+        """Submit ``n`` transfers and let them settle (DTM decides each before the next rule)."""
+        super().submit(n)
         self._settle()
 
     @rule(data=st.data())

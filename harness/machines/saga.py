@@ -74,11 +74,6 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
         self._step(f"flaky_seat({fail_times})")
         self.run.submit(1, fail_times=fail_times)
 
-    @rule(n=st.integers(min_value=1, max_value=3))
-    def start(self, n: int) -> None:
-        self._step(f"start({n})")
-        self.run.submit(n)
-
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
         """Start one saga and kill a process at a point while it handles one of that saga's records."""

@@ -61,11 +61,6 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
         return session.open()
 
     # -- rules ---------------------------------------------------------------------------------
-    @rule(n=st.integers(min_value=1, max_value=3))
-    def submit(self, n: int) -> None:
-        self._step(f"submit({n})")
-        self.run.submit(n)
-
     @rule(data=st.data())
     def arm_trap(self, data: st.DataObject) -> None:
         """Submit one operation and fire a trap in the service's commit path while it handles it.

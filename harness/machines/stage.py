@@ -70,11 +70,6 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
         return RunSession(spec, type(self).endpoints).open()  # the session of the spec's flow
 
     # -- rules ---------------------------------------------------------------------------------
-    @rule(n=st.integers(min_value=1, max_value=3))
-    def submit(self, n: int) -> None:
-        self._step(f"submit({n})")
-        self.run.submit(n)
-
     @precondition(lambda self: bool(type(self).crash_points))
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
