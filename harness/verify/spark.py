@@ -32,35 +32,8 @@ from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, re
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.paths import cache_root
-from harness.verify.assemble import (
-    MAX_OVERLAY_WINDOWS,
-    MAX_WITNESS_EVENTS,
-    MAX_WITNESSES,
-    Aggregates,
-    FaultWindow,
-    build_witnesses,
-    make_verdict,
-    pair_fault_windows,
-)
+from harness.verify import assemble, model
 from harness.verify.evidence import gather
-from harness.verify.model import (
-    ANOMALY_CLASSES,
-    ATTEMPT_COUNTS,
-    COUNTS,
-    DELIVERY_HIST_CAP,
-    FIRST_TS,
-    LATENCY_SCALES,
-    LATENCY_TOP_SCALE,
-    PER_KEY_COLUMNS,
-    SPAN_EXCLUDED,
-    SUMS,
-    AllOf,
-    Cmp,
-    FlowContract,
-    Pred,
-    judged_rules,
-    summed,
-)
 from harness.verify.verdict import Verdict, Witness
 
 KEYS = ["op_bucket", "op_id"]  # the summary's group-by: op_bucket first, so the bucketed scan needs no shuffle
@@ -219,9 +192,9 @@ def is_kind(*kinds: Kind) -> Column:
     return col
 
 
-def to_spark(pred: Pred) -> Column:
+def to_spark(pred: model.Pred) -> Column:
     """Translate a model predicate into a Spark Column expression."""
-    if isinstance(pred, Cmp):
+    if isinstance(pred, model.Cmp):
         left = F.col(pred.column)
         right = F.col(pred.value) if isinstance(pred.value, str) else F.lit(pred.value)
         ops = {
@@ -235,7 +208,7 @@ def to_spark(pred: Pred) -> Column:
         col: Column = ops[pred.op]()
         return col
     cols = [to_spark(p) for p in pred.parts]
-    return reduce((lambda a, b: a & b) if isinstance(pred, AllOf) else (lambda a, b: a | b), cols)
+    return reduce((lambda a, b: a & b) if isinstance(pred, model.AllOf) else (lambda a, b: a | b), cols)
 
 
 def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
@@ -267,7 +240,7 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, 
 
 
 def per_key_counts(events: DataFrame) -> DataFrame:
-    """Return (op_id, ``PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``)."""
+    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``)."""
     d = F.col("detail")
     key = F.get_json_object(d, "$.key").alias("k")
     ver = F.get_json_object(d, "$.version").cast("long").alias("v")
@@ -300,63 +273,63 @@ def per_key_counts(events: DataFrame) -> DataFrame:
     )
     facts = regressions.unionByName(recreated).unionByName(alive)
     return facts.groupBy("op_id").agg(
-        *[F.sum(F.when(F.col("col") == c, 1).otherwise(0)).cast("long").alias(c) for c in PER_KEY_COLUMNS]
+        *[F.sum(F.when(F.col("col") == c, 1).otherwise(0)).cast("long").alias(c) for c in model.PER_KEY_COLUMNS]
     )
 
 
-def op_measures(contract: FlowContract) -> dict[str, Column]:
+def op_measures(contract: model.FlowContract) -> dict[str, Column]:
     """Return summary column -> its aggregate over one operation's events (unaliased, for windows too).
 
-    The ``SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0, as in the other engine.
+    The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0, as in the other engine.
     """
-    computed = summed(contract)
+    computed = model.summed(contract)
     ts = F.col("ts_ns")
-    in_span = ~is_kind(*sorted(SPAN_EXCLUDED))
+    in_span = ~is_kind(*sorted(model.SPAN_EXCLUDED))
     # a sum of ints is a long in Spark: no cast needed (and a cast would not take a window)
     measures = {"events": F.count(F.lit(1))}
-    measures |= {n: F.sum(F.when(is_kind(k), 1).otherwise(0)) for n, k in COUNTS.items()}
+    measures |= {n: F.sum(F.when(is_kind(k), 1).otherwise(0)) for n, k in model.COUNTS.items()}
     measures |= {
         n: F.sum(F.when(is_kind(k) & (F.col("attempt") > above), 1).otherwise(0))
-        for n, (k, above) in ATTEMPT_COUNTS.items()
+        for n, (k, above) in model.ATTEMPT_COUNTS.items()
     }
-    for n, (k, key) in SUMS.items():
+    for n, (k, key) in model.SUMS.items():
         # a missing field is 0, as in the in-process engine; only that kind's rows parse their detail
         value = F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))
         measures[n] = F.sum(F.when(is_kind(k), value).otherwise(0)) if n in computed else F.max(F.lit(0).cast("long"))
-    measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in FIRST_TS.items()}
+    measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in model.FIRST_TS.items()}
     return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
 
 
 def summarize(
-    events: DataFrame, contract: FlowContract, *, snapshot: bool = True, intact: bool = True
+    events: DataFrame, contract: model.FlowContract, *, snapshot: bool = True, intact: bool = True
 ) -> tuple[DataFrame, dict[str, str]]:
     """Return the operation summary with one 0/1 flag column per judged class, and class -> flag column."""
     aggs = [m.alias(n) for n, m in op_measures(contract).items()]
     summary = events.where(F.col("op_id").isNotNull()).groupBy(*KEYS).agg(*aggs)
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
-        summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(PER_KEY_COLUMNS))
-    judged = judged_rules(contract, snapshot=snapshot, intact=intact)
-    flags = {cls: f"f{ANOMALY_CLASSES.index(cls)}" for cls in judged}
+        summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(model.PER_KEY_COLUMNS))
+    judged = model.judged_rules(contract, snapshot=snapshot, intact=intact)
+    flags = {cls: f"f{model.ANOMALY_CLASSES.index(cls)}" for cls in judged}
     for cls, pred in judged.items():
         summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
     diff = F.col("downstream_ns") - F.col("submit_ns")
     lat_us = F.when(diff >= 0, F.expr("(downstream_ns - submit_ns) div 1000"))
     scale = reduce(
         lambda acc, bs: acc.when(lat_us < bs[0], bs[1]),
-        LATENCY_SCALES[1:],
-        F.when(lat_us < LATENCY_SCALES[0][0], LATENCY_SCALES[0][1]),
-    ).otherwise(LATENCY_TOP_SCALE)
+        model.LATENCY_SCALES[1:],
+        F.when(lat_us < model.LATENCY_SCALES[0][0], model.LATENCY_SCALES[0][1]),
+    ).otherwise(model.LATENCY_TOP_SCALE)
     summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", lat_us - lat_us % scale)
     return summary.withColumn("skew", F.when(diff < 0, 1).otherwise(0)), flags
 
 
-def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWindow]) -> list[dict[str, Any]]:
+def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble.FaultWindow]) -> list[dict[str, Any]]:
     """Return the summary aggregated by latency bucket, by fault window, and the witnesses' bitmaps.
 
     One pass: each operation row is exploded into its base row (w = -1, k = latency bucket), one
     row per fault window its span overlaps (w >= 0), and one row per anomaly it shows
     (w = -2 - class index, k = op_id div 64, ``bits`` its bit in that block of 64 operations).
-    Everything is summed by (w, k); of the anomaly rows only the first ``MAX_WITNESSES`` blocks in
+    Everything is summed by (w, k); of the anomaly rows only the first ``assemble.MAX_WITNESSES`` blocks in
     (class, op_id) order reach the driver: they hold every witness, whatever the anomaly count.
     """
     first, last = F.col("first_ns"), F.col("last_ns")
@@ -365,15 +338,15 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
     none = -99
     hits = [
         F.when(first.isNotNull() & (first <= w.end) & (last >= w.start_ns), i).otherwise(none)
-        for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS])
+        for i, w in enumerate(windows[: assemble.MAX_OVERLAY_WINDOWS])
     ]
-    shows = [F.when(F.col(c) == 1, -2 - ANOMALY_CLASSES.index(cls)).otherwise(none) for cls, c in flags.items()]
+    shows = [F.when(F.col(c) == 1, -2 - model.ANOMALY_CLASSES.index(cls)).otherwise(none) for cls, c in flags.items()]
     w_col = F.array(F.lit(-1), *hits, *shows)
     rows = summary.select(F.explode(F.array_remove(w_col, none)).alias("w"), "*")
     w, d = F.col("w"), F.col("deliveries")
-    capped = F.least(d, F.lit(DELIVERY_HIST_CAP))
+    capped = F.least(d, F.lit(model.DELIVERY_HIST_CAP))
     aggs = [F.count(F.lit(1)).alias("ops"), F.sum("events").alias("events")]
-    aggs += [F.sum(n).alias(n) for n in COUNTS]
+    aggs += [F.sum(n).alias(n) for n in model.COUNTS]
     aggs += [F.sum(c).alias(c) for c in flags.values()]
     aggs += [
         F.sum("redeliveries").alias("redeliveries"),
@@ -388,12 +361,14 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[FaultWin
     # deliveries per op (capped) is a third key of the base rows, not eleven conditional sums
     grouped = rows.groupBy("w", key, F.when(w == -1, capped).alias("h")).agg(*aggs)
     in_order = Window.partitionBy(w <= -2).orderBy(w.desc(), "k")
-    kept = grouped.withColumn("_n", F.row_number().over(in_order)).where((w >= -1) | (F.col("_n") <= MAX_WITNESSES))
+    kept = grouped.withColumn("_n", F.row_number().over(in_order)).where(
+        (w >= -1) | (F.col("_n") <= assemble.MAX_WITNESSES)
+    )
     return [r.asDict() for r in kept.drop("_n").collect()]
 
 
 def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Return the first ``MAX_WITNESSES`` (class index, op_id) pairs from the anomaly rows' bitmaps.
+    """Return the first ``assemble.MAX_WITNESSES`` (class index, op_id) pairs from the anomaly rows' bitmaps.
 
     ``op_id`` orders as the operation ids do, so this is the in-process engine's choice too.
     """
@@ -401,14 +376,14 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for cls, block, bits in blocks:
         out += [(cls, block * 64 + b) for b in range(64) if bits >> b & 1]
-    return out[:MAX_WITNESSES]
+    return out[: assemble.MAX_WITNESSES]
 
 
-WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
+WITNESS_COLUMNS = (*model.COUNTS, *model.SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
 
 
-def _witness_chains(events: DataFrame, ids: list[int], contract: FlowContract) -> dict[int, list[dict[str, Any]]]:
-    """Return op_id -> the operation's first ``MAX_WITNESS_EVENTS`` events, each with its summary counts.
+def _witness_chains(events: DataFrame, ids: list[int], contract: model.FlowContract) -> dict[int, list[dict[str, Any]]]:
+    """Return op_id -> the operation's first ``assemble.MAX_WITNESS_EVENTS`` events, each with its summary counts.
 
     The counts are window aggregates over all of the operation's events (the chain may be cut), so
     the witnesses need no second pass over the summary.
@@ -422,13 +397,13 @@ def _witness_chains(events: DataFrame, ids: list[int], contract: FlowContract) -
     counted = [measures[n].over(whole).alias(f"_{n}") for n in WITNESS_COLUMNS]
     rows = chosen.select(*COLUMNS, "op_id", F.row_number().over(order).alias("_n"), *counted)
     chains: dict[int, list[dict[str, Any]]] = {}
-    for r in rows.where(F.col("_n") <= MAX_WITNESS_EVENTS).drop("_n").collect():
+    for r in rows.where(F.col("_n") <= assemble.MAX_WITNESS_EVENTS).drop("_n").collect():
         chains.setdefault(int(r["op_id"]), []).append(r.asDict())
     return chains
 
 
 def _witnesses(
-    events: DataFrame, rows_all: list[dict[str, Any]], windows: list[FaultWindow], contract: FlowContract
+    events: DataFrame, rows_all: list[dict[str, Any]], windows: list[assemble.FaultWindow], contract: model.FlowContract
 ) -> tuple[Witness, ...]:
     pairs = _witness_ids(rows_all)
     chains = _witness_chains(events, sorted({op_id for _, op_id in pairs}), contract)
@@ -436,9 +411,9 @@ def _witnesses(
     for cls, op_id in pairs:
         first = chains[op_id][0]
         counts = {n: first[f"_{n}"] for n in WITNESS_COLUMNS}
-        flagged.append({"anomaly": ANOMALY_CLASSES[cls], "op": first["op"], **counts})
+        flagged.append({"anomaly": model.ANOMALY_CLASSES[cls], "op": first["op"], **counts})
         by_op[first["op"]] = [{k: v for k, v in e.items() if k[0] != "_" and k != "op_id"} for e in chains[op_id]]
-    return build_witnesses(flagged, by_op, windows)
+    return assemble.build_witnesses(flagged, by_op, windows)
 
 
 def _writers(events: DataFrame, srcs: list[str]) -> list[dict[str, Any]]:
@@ -454,7 +429,9 @@ def _writers(events: DataFrame, srcs: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows: list[dict[str, Any]]) -> Aggregates:
+def _combine(
+    rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows: list[dict[str, Any]]
+) -> assemble.Aggregates:
     rows = [r for r in rows_all if r["w"] == -1]
 
     def total(col: str) -> int:
@@ -478,10 +455,10 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
         for r in rows_all
         if r["w"] >= 0
     }
-    return Aggregates(
+    return assemble.Aggregates(
         writers=writers,
         operations=total("ops"),
-        totals={n: total(n) for n in COUNTS},
+        totals={n: total(n) for n in model.COUNTS},
         anomalies={cls: total(c) for cls, c in flags.items()},
         redeliveries=total("redeliveries"),
         redelivered_ops=total("redelivered_ops"),
@@ -499,12 +476,12 @@ def _combine(rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows:
 def check_events(
     spark: SparkSession,
     ledger_dir: Path,
-    contract: FlowContract,
+    contract: model.FlowContract,
     phases: dict[str, float] | None = None,
     *,
     snapshot: bool = True,
     intact: bool = True,
-) -> tuple[Aggregates, tuple[Witness, ...], list[FaultWindow], int]:
+) -> tuple[assemble.Aggregates, tuple[Witness, ...], list[assemble.FaultWindow], int]:
     """Run the reconciliation job; return aggregates, witnesses, windows and unmatched fault ends.
 
     ``phases`` (when given) receives the seconds each step took, for the benchmark; ``snapshot``
@@ -527,7 +504,7 @@ def check_events(
             .select("ts_ns", "src", "seq", "kind", "point")
             .collect()
         ]
-        windows, unmatched = pair_fault_windows(fault_rows)
+        windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
         writers = _writers(events, srcs)
         lap("writers_s")
@@ -544,7 +521,7 @@ def check_events(
 
 def check_run(
     run_dir: Path,
-    contract: FlowContract,
+    contract: model.FlowContract,
     *,
     scenario: str = "",
     seed: int | None = None,
@@ -575,7 +552,7 @@ def check_run(
         if own:
             session.stop()
     timing = {"jvm_start_s": round(t1 - t0, 3) if own else 0.0, "job_s": round(t2 - t1, 3), **phases}
-    verdict = make_verdict(
+    verdict = assemble.make_verdict(
         agg, witnesses, windows, unmatched, engine="spark", scenario=scenario, seed=seed, timing=timing
     )
     return evidence.apply(verdict, contract)
