@@ -20,14 +20,13 @@ Run it: ``txchaos run deposit_crash_gap[:VARIANT] --seed N`` or ``pytest scenari
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
 from harness.patterns import bank
-from harness.run.scenario_kit import by_variant, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
 from harness.verify.model import Invariant
 
 NAME = "deposit_crash_gap"
@@ -47,8 +46,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         "harness.patterns.bank",
         schema="deposits",
         effect_table="deposits",
-        # One operation, chosen from the seed.
-        crashes=(Crash("after_db_commit", op_index=random.Random(seed).randrange(MESSAGES)),),
+        crashes=(Crash("after_db_commit", op_index=seeded_op(seed, MESSAGES)),),
         messages=MESSAGES,
         timeout_s=45,
         contract=DECLARED,

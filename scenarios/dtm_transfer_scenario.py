@@ -26,7 +26,6 @@ Run it: ``txchaos run dtm_transfer[:VARIANT] --seed N`` or ``pytest scenarios/dt
 
 from __future__ import annotations
 
-import random
 import sys
 from collections import Counter
 
@@ -36,7 +35,7 @@ from harness import Crash, Endpoints, FlowContract, Helper, Kind, ScenarioSpec, 
 from harness.clients import db
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.patterns import dtm_transfer
-from harness.run.scenario_kit import op_name
+from harness.run.scenario_kit import op_name, seeded_op
 from harness.run.spec import FaultWindow
 
 NAME = "dtm_transfer"
@@ -48,7 +47,7 @@ CONTRACT = FlowContract(expects_downstream=False, max_deliveries=None)
 
 def chosen(seed: int) -> int:
     """Return the operation number the fault hits, for ``seed``."""
-    return random.Random(seed).randrange(MESSAGES)
+    return seeded_op(seed, MESSAGES)
 
 
 def _spec(

@@ -15,14 +15,13 @@ Run it: ``txchaos run kafka_batch_poison[:VARIANT] --seed N`` or ``pytest scenar
 
 from __future__ import annotations
 
-import random
 import sys
 from functools import partial
 
 import pytest
 
 from harness import ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
 
 NAME = "kafka_batch_poison"
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -33,7 +32,7 @@ ATTEMPTS = 3
 
 def poison_index(seed: int) -> int:
     """Return the operation number of the poison record: never in the first or the last batch."""
-    return random.Random(seed).randrange(BATCH, MESSAGES - BATCH)
+    return seeded_op(seed, MESSAGES - BATCH, BATCH)
 
 
 def expected(variant: str, seed: int) -> dict[str, set[int]]:

@@ -85,8 +85,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
 def test_cqrs_replica_after_redelivery(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     seed = 0
     spec = variants(seed)[variant]
-    result = txchaos_run(spec)
-    verdict = result.verdict
+    verdict = txchaos_run(spec).verdict
     op = partial(op_name, variant, seed)
     assert verdict.stats["crashes"] == len(spec.crashes), verdict.stats
     expected = {cls: {op(n) for n in ns} for cls, ns in expected_ops(variant, seed).items()}

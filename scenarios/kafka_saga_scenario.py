@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -45,7 +44,7 @@ import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_saga import SAGA_NET_LABEL, SAGA_NET_SQL
-from harness.run.scenario_kit import op_name
+from harness.run.scenario_kit import op_name, seeded_op
 from harness.verify.model import FlowContract, Invariant
 
 NAME = "kafka_saga"
@@ -61,7 +60,7 @@ DECLARED = FlowContract(expects_downstream=False, max_deliveries=None, invariant
 
 def hit(seed: int) -> int:
     """Return the number of the saga the seed's fault hits."""
-    return random.Random(seed).randrange(SAGAS)
+    return seeded_op(seed, SAGAS)
 
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:

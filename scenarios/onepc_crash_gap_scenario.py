@@ -13,13 +13,12 @@ Run it: ``txchaos run onepc_crash_gap[:VARIANT] --seed N`` or ``pytest scenarios
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
 
 NAME = "onepc_crash_gap"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
@@ -32,8 +31,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         NAME,
         seed,
         "harness.patterns.onepc",
-        # One operation, chosen from the seed.
-        crashes=(Crash("after_db_commit", op_index=random.Random(seed).randrange(MESSAGES)),),
+        crashes=(Crash("after_db_commit", op_index=seeded_op(seed, MESSAGES)),),
         messages=MESSAGES,
         timeout_s=45,
     )
@@ -49,8 +47,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
 @pytest.mark.parametrize("seed", [0, 7])
 def test_crash_in_the_gap(txchaos_run, variant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
     spec = variants(seed)[variant]
-    result = txchaos_run(spec)
-    verdict = result.verdict
+    verdict = txchaos_run(spec).verdict
     crashed = op_name(variant, seed, spec.crashes[0].op_index)
     # The crash really happened in the window, and the harness names the exact operation.
     assert verdict.stats["crashes"] == 1, verdict.stats

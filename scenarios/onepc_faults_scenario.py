@@ -13,13 +13,12 @@ Run it: ``txchaos run onepc_faults[:VARIANT] --seed N`` or ``pytest scenarios/``
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import Crash, KillBroker, Latency, ResetPeer, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
 from harness.run.spec import FaultWindow
 
 NAME = "onepc_faults"
@@ -40,8 +39,8 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         seed,
         "harness.patterns.onepc",
         **onepc_on(),
-        # One operation, chosen from the seed, after the fault opens.
-        crashes=(Crash("after_db_commit", op_index=random.Random(seed).randrange(6, MESSAGES)),),
+        # After the fault opens.
+        crashes=(Crash("after_db_commit", op_index=seeded_op(seed, MESSAGES, 6)),),
         messages=MESSAGES,
         settle_s=0.3,
         timeout_s=60,

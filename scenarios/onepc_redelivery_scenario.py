@@ -15,13 +15,12 @@ Run it: ``txchaos run onepc_redelivery[:VARIANT] --seed N`` or ``pytest scenario
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
 
 NAME = "onepc_redelivery"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
@@ -31,7 +30,7 @@ ACTIONS = ("abort_unsubscribe", "disconnect")
 
 def given_back_index(seed: int) -> int:
     """Return which operation is given back to the broker, for ``seed``."""
-    return random.Random(seed).randrange(MESSAGES)
+    return seeded_op(seed, MESSAGES)
 
 
 def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
@@ -58,8 +57,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
 @pytest.mark.parametrize("variant", list(variants()))
 def test_redelivery_actions(txchaos_run, variant: str) -> None:  # type: ignore[no-untyped-def]
     spec = variants(3)[variant]
-    result = txchaos_run(spec)
-    verdict = result.verdict
+    verdict = txchaos_run(spec).verdict
     given_back = op_name(variant, 3, given_back_index(3))
     assert verdict.found() == dict.fromkeys(spec.expect, 1), verdict.headline()
     for anomaly in spec.expect:

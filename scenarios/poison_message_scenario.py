@@ -14,13 +14,12 @@ Run it: ``txchaos run poison_message[:VARIANT] --seed N`` or ``pytest scenarios/
 
 from __future__ import annotations
 
-import random
 import sys
 
 import pytest
 
 from harness import FlowContract, Kind, ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, op_name, spec_maker
+from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
 
 NAME = "poison_message"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
@@ -36,8 +35,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         schema="poison",
         effect_table="poison_effects",
         messages=MESSAGES,
-        # One operation, chosen from the seed.
-        poison=frozenset({random.Random(seed).randrange(MESSAGES)}),
+        poison=frozenset({seeded_op(seed, MESSAGES)}),
         settle_s=0.3,
         # The run stops waiting once the worker has crash-looped more than max_deliveries times.
         timeout_s=30,

@@ -44,6 +44,11 @@ def op_name(variant: str, seed: int, n: int) -> str:
     return f"{variant}-s{seed}-op{n:05d}"
 
 
+def seeded_op(seed: int, stop: int, start: int = 0) -> int:
+    """Return the operation number in ``[start, stop)`` chosen from ``seed``: the same seed, the same operation."""
+    return random.Random(seed).randrange(start, stop)
+
+
 def batch_of(index: int, size: int) -> range:
     """Return the operation numbers polled in one batch of ``size`` with ``index`` (one partition, a backlog)."""
     start = index // size * size
