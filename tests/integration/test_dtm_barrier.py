@@ -19,14 +19,7 @@ from sqlalchemy import Engine, text
 from harness import Endpoints
 from harness.clients.db import apply_schema, engine
 from harness.clients.dtm import DtmClient
-from harness.patterns.dtm_barrier import (
-    INSERT_IGNORE,
-    SELECT_REASON,
-    BarrierKey,
-    checkback_answer,
-    msg_body,
-    naive_checkback_answer,
-)
+from harness.patterns import dtm_barrier as barrier
 
 pytestmark = [pytest.mark.integration, pytest.mark.dtm]
 
@@ -60,21 +53,22 @@ def services(db: Engine) -> Iterator[str]:
 
         def do_GET(self) -> None:  # check-back: insert-ignore 'rollback', then read the reason
             gid = self.path.split("gid=")[1].split("&")[0]
-            key = BarrierKey(gid)
+            key = barrier.BarrierKey(gid)
             with db.begin() as conn:
                 if not self.path.startswith("/check-naive"):  # the naive one only SELECTs
-                    conn.execute(text(INSERT_IGNORE), key.params("rollback"))
-                reason = conn.execute(text(SELECT_REASON), key.params("")).scalar()
+                    conn.execute(text(barrier.INSERT_IGNORE), key.params("rollback"))
+                reason = conn.execute(text(barrier.SELECT_REASON), key.params("")).scalar()
             naive = self.path.startswith("/check-naive")
-            self._answer(naive_checkback_answer(reason is not None) if naive else checkback_answer(reason))
+            answer = barrier.naive_checkback_answer(reason is not None) if naive else barrier.checkback_answer(reason)
+            self._answer(answer)
 
         def do_POST(self) -> None:  # the credit branch
             gid = self.path.split("gid=")[1].split("&")[0]
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
             guarded = "/credit-barrier" in self.path
             with db.begin() as conn:
-                key = BarrierKey(gid, branch_id="01", op="action")
-                if not guarded or conn.execute(text(INSERT_IGNORE), key.params("action")).rowcount == 1:
+                key = barrier.BarrierKey(gid, branch_id="01", op="action")
+                if not guarded or conn.execute(text(barrier.INSERT_IGNORE), key.params("action")).rowcount == 1:
                     conn.execute(text("INSERT INTO dtm_credits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
             if "crash-once" in self.path and gid not in crashed:  # committed, then no answer: DTM retries
                 crashed.add(gid)
@@ -111,29 +105,30 @@ def _count(db: Engine, table: str, gid: str) -> int:
 
 def test_committed_but_not_submitted_is_delivered_once(dtm: DtmClient, db: Engine, services: str) -> None:
     gid = f"it-{uuid.uuid4().hex[:12]}"
-    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
+    dtm.call("POST", "prepare", barrier.msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
     with db.begin() as conn:  # debit + barrier, then "crash": no submit
         conn.execute(text("INSERT INTO dtm_debits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
-        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 1
+        assert conn.execute(text(barrier.INSERT_IGNORE), barrier.BarrierKey(gid).params("msg")).rowcount == 1
     _wait_status(dtm, gid, "succeed")
     assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (1, 1)
 
 
 def test_not_committed_is_rolled_back_by_the_check_back(dtm: DtmClient, db: Engine, services: str) -> None:
     gid = f"it-{uuid.uuid4().hex[:12]}"
-    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
+    dtm.call("POST", "prepare", barrier.msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check"))
     _wait_status(dtm, gid, "failed")
     with db.begin() as conn:  # the late local transaction loses the claim and must roll back
-        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 0
+        assert conn.execute(text(barrier.INSERT_IGNORE), barrier.BarrierKey(gid).params("msg")).rowcount == 0
     assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (0, 0)
 
 
 def test_naive_check_back_loses_a_late_commit(dtm: DtmClient, db: Engine, services: str) -> None:
     gid = f"it-{uuid.uuid4().hex[:12]}"
-    dtm.call("POST", "prepare", msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check-naive"))
+    naive = barrier.msg_body(gid, f"{services}/credit", {}, checkback_url=f"{services}/check-naive")
+    dtm.call("POST", "prepare", naive)
     with db.begin() as conn:  # in progress while DTM checks back: the SELECT sees nothing
         conn.execute(text("INSERT INTO dtm_debits (op_id, gid, amount) VALUES (:g, :g, 30)"), {"g": gid})
-        assert conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg")).rowcount == 1
+        assert conn.execute(text(barrier.INSERT_IGNORE), barrier.BarrierKey(gid).params("msg")).rowcount == 1
         _wait_status(dtm, gid, "failed")
     # committed after the check: a debit without a credit (the anomaly the runner must name "lost")
     assert (_count(db, "dtm_debits", gid), _count(db, "dtm_credits", gid)) == (1, 0)
@@ -142,10 +137,10 @@ def test_naive_check_back_loses_a_late_commit(dtm: DtmClient, db: Engine, servic
 @pytest.mark.parametrize(("path", "credits"), [("credit-barrier", 1), ("credit", 2)])
 def test_branch_retried_after_its_commit(dtm: DtmClient, db: Engine, services: str, path: str, credits: int) -> None:
     gid = f"it-{uuid.uuid4().hex[:12]}"
-    body = msg_body(gid, f"{services}/{path}?crash-once=1", {}, checkback_url=f"{services}/check")
+    body = barrier.msg_body(gid, f"{services}/{path}?crash-once=1", {}, checkback_url=f"{services}/check")
     dtm.call("POST", "prepare", body)
     with db.begin() as conn:
-        conn.execute(text(INSERT_IGNORE), BarrierKey(gid).params("msg"))
+        conn.execute(text(barrier.INSERT_IGNORE), barrier.BarrierKey(gid).params("msg"))
     dtm.call("POST", "submit", body)
     _wait_status(dtm, gid, "succeed")
     assert _count(db, "dtm_credits", gid) == credits

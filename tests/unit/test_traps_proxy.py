@@ -7,7 +7,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -77,6 +78,17 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
     return data
 
 
+@contextmanager
+def through_trap(
+    upstream: Upstream, trap: Trap, on_fire: Callable[[Firing], None] | None = None
+) -> Iterator[tuple[TrapSet, socket.socket]]:
+    """Yield a trap set with ``trap`` armed and a client connected to ``upstream`` through a Postgres trap proxy."""
+    traps = TrapSet(on_fire=on_fire)
+    traps.arm(trap)
+    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+        yield traps, client
+
+
 def test_clean_path_bytes_pass_unchanged_both_ways(upstream: Upstream) -> None:
     with TrapProxy("postgres", upstream.address) as proxy, socket.create_connection(proxy.address) as client:
         sent = STARTUP + q("BEGIN") + q("INSERT 'op-1'") + q("COMMIT")
@@ -89,9 +101,7 @@ def test_clean_path_bytes_pass_unchanged_both_ways(upstream: Upstream) -> None:
 
 def test_before_commit_drop_holds_the_commit_and_closes_both_sides(upstream: Upstream) -> None:
     fired: list[Firing] = []
-    traps = TrapSet(on_fire=fired.append)
-    traps.arm(Trap("pg_before_commit", Drop(), op="op-1"))
-    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+    with through_trap(upstream, Trap("pg_before_commit", Drop(), op="op-1"), fired.append) as (traps, client):
         first = STARTUP + q("BEGIN") + q("INSERT 'op-0'") + q("COMMIT")  # another op: not this trap's
         client.sendall(first)
         wait_for(lambda: len(upstream.received) == len(first))  # all through before `before` is read
@@ -109,9 +119,7 @@ def test_before_commit_drop_holds_the_commit_and_closes_both_sides(upstream: Ups
 def test_after_commit_kill_signals_the_process_before_the_client_sees_anything(
     upstream: Upstream, child: subprocess.Popen[bytes]
 ) -> None:
-    traps = TrapSet()
-    traps.arm(Trap("pg_after_commit", Kill(lambda: child.pid), nth=2))
-    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+    with through_trap(upstream, Trap("pg_after_commit", Kill(lambda: child.pid), nth=2)) as (traps, client):
         client.sendall(STARTUP)
         for _ in range(2):
             client.sendall(q("BEGIN; INSERT 1; COMMIT") if _ == 0 else q("COMMIT"))
@@ -128,9 +136,7 @@ def test_after_commit_kill_signals_the_process_before_the_client_sees_anything(
 def test_freeze_stops_the_process_and_thaw_releases_the_held_message(
     upstream: Upstream, child: subprocess.Popen[bytes]
 ) -> None:
-    traps = TrapSet()
-    traps.arm(Trap("pg_before_commit", Freeze(lambda: child.pid), nth=1))
-    with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+    with through_trap(upstream, Trap("pg_before_commit", Freeze(lambda: child.pid), nth=1)) as (traps, client):
         client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
         wait_for(lambda: _state(child.pid) == "T")
         time.sleep(0.1)
@@ -173,12 +179,10 @@ def test_an_action_that_fails_still_never_delivers_the_held_message(upstream: Up
     def no_pid() -> int:
         raise RuntimeError("the service is not started yet")
 
-    traps = TrapSet()
-    traps.arm(Trap("pg_before_commit", Kill(no_pid), nth=1))
     errors: list[BaseException | None] = []
     hook, threading.excepthook = threading.excepthook, lambda args: errors.append(args.exc_value)
     try:
-        with TrapProxy("postgres", upstream.address, traps) as proxy, socket.create_connection(proxy.address) as client:
+        with through_trap(upstream, Trap("pg_before_commit", Kill(no_pid), nth=1)) as (_, client):
             client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
             assert upstream.closed.wait(5)
             assert client.recv(10) == b""
