@@ -39,7 +39,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         seed,
         "harness.patterns.onepc",
         **onepc_on(),
-        # After the fault opens.
+        # One operation from the seed, after the fault opens (op 6 on).
         crashes=(Crash("after_db_commit", op_index=seeded_op(seed, MESSAGES, 6)),),
         messages=MESSAGES,
         settle_s=0.3,
