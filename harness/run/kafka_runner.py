@@ -86,9 +86,7 @@ class KafkaRunSession(SinkSession[KafkaSink]):
 
     def consumed(self) -> bool:
         """Return True when the group has committed every input record (nothing left to process)."""
-        ends = kafka.end_offsets(self.bootstrap, self.input_topic)
-        done = kafka.committed_offsets(self.bootstrap, self.group, self.input_topic)
-        return all((done.get(p) or 0) >= end for p, end in ends.items())
+        return not kafka.backlog(self.bootstrap, self.group, self.input_topic)
 
     def _all_out(self, pool: WorkerPool, deadline: float) -> None:
         pool.wait_serving(deadline)  # a replaced consumer may still get records back
@@ -135,10 +133,9 @@ class KafkaRunSession(SinkSession[KafkaSink]):
 
     def _residue(self) -> None:
         """Record every input record past the group's committed offsets (still to be processed)."""
-        ends = kafka.end_offsets(self.bootstrap, self.input_topic)
-        committed = kafka.committed_offsets(self.bootstrap, self.group, self.input_topic)
-        start = {p: committed.get(p) or 0 for p in ends}
-        for rec in kafka.read_range(self.bootstrap, self.input_topic, start, ends):
+        left = kafka.backlog(self.bootstrap, self.group, self.input_topic)
+        start = {p: first for p, (first, _end) in left.items()}
+        for rec in kafka.read_range(self.bootstrap, self.input_topic, start, {p: end for p, (_f, end) in left.items()}):
             self.ledger.emit(
                 Kind.RESIDUE_QUEUE,
                 op=rec.headers.get("txchaos-op") or rec.key,

@@ -184,12 +184,7 @@ class SagaRunSession(RunSession):
 
     def caught_up(self) -> bool:
         """Return True when both participants have committed every request sent to them."""
-        for process, topic in self.requests.items():
-            ends = kafka.end_offsets(self.bootstrap, topic)
-            done = kafka.committed_offsets(self.bootstrap, self.groups[process], topic)
-            if any((done.get(p) or 0) < end for p, end in ends.items()):
-                return False
-        return True
+        return not any(kafka.backlog(self.bootstrap, self.groups[p], topic) for p, topic in self.requests.items())
 
     def orchestrator_idle(self) -> bool:
         """Return True when no record the orchestrator must still handle is visible to it.
@@ -204,9 +199,7 @@ class SagaRunSession(RunSession):
         group = self.groups[ORCHESTRATOR]
         start: dict[kafka.TP, int] = {}
         for topic in topics:
-            ends = kafka.end_offsets(self.bootstrap, topic)
-            done = kafka.committed_offsets(self.bootstrap, group, topic)
-            start |= {(topic, p): done.get(p) or 0 for p, end in ends.items() if (done.get(p) or 0) < end}
+            start |= {(topic, p): first for p, (first, _end) in kafka.backlog(self.bootstrap, group, topic).items()}
         if not start:
             return True
         reader = kafka.TopicReader(self.bootstrap, sorted({t for t, _ in start}), start=start, client_id="txchaos-idle")
@@ -274,9 +267,9 @@ class SagaRunSession(RunSession):
                 if rec.key and rec.key not in seen:
                     seen.add(rec.key)
                     self.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
-            committed = kafka.committed_offsets(self.bootstrap, self.groups[process], topic)
+            left = kafka.backlog(self.bootstrap, self.groups[process], topic)
             for rec in records:
-                if rec.offset >= (committed.get(rec.partition) or 0):
+                if rec.partition in left and rec.offset >= left[rec.partition][0]:
                     self.ledger.emit(
                         Kind.RESIDUE_QUEUE,
                         op=rec.key,
