@@ -75,9 +75,9 @@ _EXPORTS = {
     "check_handlers": "harness.run.dispatch",
     "FaultWindow": "harness.run.spec",
     "Schema": "harness.run.schema",
-    "KafkaContext": "harness.worker.kafka_stage",
-    "BatchFailed": "harness.worker.kafka_stage",
-    "batch_handler": "harness.worker.kafka_stage",
+    "KafkaContext": "harness.worker.kafka_context",
+    "BatchFailed": "harness.worker.kafka_context",
+    "batch_handler": "harness.worker.kafka_context",
     "KafkaStageOptions": "harness.worker.kafka_options",
     "SagaOptions": "harness.patterns.saga_options",
     "DtmClient": "harness.clients.dtm",
@@ -184,8 +184,8 @@ if TYPE_CHECKING:
     from harness.verify.model import FlowContract, Invariant
     from harness.verify.verdict import Verdict, Witness
     from harness.worker.base import HandlerContext
+    from harness.worker.kafka_context import BatchFailed, KafkaContext, batch_handler
     from harness.worker.kafka_options import KafkaStageOptions
-    from harness.worker.kafka_stage import BatchFailed, KafkaContext, batch_handler
     from harness.worker.process import ProcessContext
     from harness.worker.stage import StageContext
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from harness.ledger.schema import Kind
-from harness.worker.kafka_stage import BatchFailed, KafkaContext, batch_handler
+from harness.worker.kafka_context import BatchFailed, KafkaContext, batch_handler
 
 EFFECTS = "kafka_effects"
 _INSERT = text(f'INSERT INTO {EFFECTS} (op_id, worker, amount, topic, part, "offset") VALUES (:op, :w, :a, :t, :p, :o)')

@@ -26,7 +26,7 @@ from sqlalchemy import text
 
 from harness.ledger.schema import Kind
 from harness.patterns.onepc import apply_effect, forward, insert, skip_or_apply
-from harness.worker.kafka_stage import KafkaContext, batch_handler
+from harness.worker.kafka_context import KafkaContext, batch_handler
 
 EFFECTS = "kafka_effects"
 

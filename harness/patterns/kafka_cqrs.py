@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from harness.ledger.schema import Kind
-from harness.worker.kafka_stage import KafkaContext
+from harness.worker.kafka_context import KafkaContext
 
 REPLICA = "cqrs_replica"
 JOURNAL = "cqrs_journal"

@@ -45,7 +45,7 @@ from sqlalchemy import text
 
 from harness.ledger.schema import Kind
 from harness.patterns.saga_options import FINAL_STATES, step_op
-from harness.worker.kafka_stage import KafkaContext
+from harness.worker.kafka_context import KafkaContext
 
 EFFECT_TABLES = {"pay": "saga_payments", "refund": "saga_payments", "seat": "saga_seats"}
 

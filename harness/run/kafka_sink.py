@@ -10,7 +10,7 @@ from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.sink_base import SinkBase
-from harness.worker.kafka_stage import op_of
+from harness.worker.kafka_context import op_of
 
 
 class KafkaSink(SinkBase):

@@ -17,11 +17,7 @@ assignments are ``rebalance`` events.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.clients import db
@@ -29,127 +25,12 @@ from harness.clients.db import Connection
 from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
-from harness.worker.base import ContextBase, WorkerRuntime, load_handler
+from harness.worker.base import WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
+from harness.worker.high_water import HighWater
+from harness.worker.kafka_context import BatchFailed, BatchHandler, KafkaContext, op_of, per_record
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
-
-
-@dataclass
-class KafkaContext(ContextBase):
-    """What a Kafka stage handler gets for one record.
-
-    ``db`` is inside the stage's DB transaction. ``send`` queues an output record (key: the
-    operation id) that is produced after the DB commit, or inside the Kafka transaction in
-    ``commit="transaction"`` mode. ``side`` is a separate autocommit connection.
-    ``dead_letter`` diverts the record to the dead-letter topic with an alert.
-    """
-
-    message: Record
-    sent: list[tuple[dict[str, Any], str | None, str | None]] = field(default_factory=list)
-    diverted: str | None = None
-
-    @property
-    def topic(self) -> str:
-        return self.message.topic
-
-    @property
-    def partition(self) -> int:
-        return self.message.partition
-
-    @property
-    def offset(self) -> int:
-        return self.message.offset
-
-    def send(self, body: dict[str, Any], dest: str | None = None, *, key: str | None = None) -> None:
-        """Queue ``body`` for topic ``dest`` (default: the stage's output topic), keyed by ``key``
-        (default: this record's operation id; a saga's orchestrator names each request's own)."""
-        self.sent.append((body, dest, key))
-
-    def dead_letter(self, reason: str) -> None:
-        """Divert this record to the dead-letter topic (after the DB commit) and raise an alert."""
-        self.diverted = reason
-        self._record(Kind.ALERT, reason=reason)
-
-
-class BatchFailed(Exception):
-    """Raised by a batch handler to say which record failed: ``index`` into its batch.
-
-    With ``batch_errors="index"`` the worker redoes the records before it as a batch, the failed
-    record alone (retried, then dead-lettered with an alert) and the records after it as a batch
-    (Spring Kafka's ``BatchListenerFailedException``).
-    """
-
-    def __init__(self, index: int, cause: str) -> None:
-        super().__init__(f"record {index} of the batch failed: {cause}")
-        self.index = index
-
-
-KafkaHandler = Callable[[KafkaContext], None]
-BatchHandler = Callable[[list[KafkaContext]], None]
-
-
-def batch_handler(func: BatchHandler) -> BatchHandler:
-    """Mark ``func`` as a batch handler: called once with the contexts of every record in its
-    DB transaction (the whole batch with ``db_tx="batch"``, one record otherwise), so it can
-    write the batch's effects in one statement.
-
-    >>> @batch_handler
-    ... def apply_all(ctxs: list[KafkaContext]) -> None: ...
-    """
-    func.__dict__["txchaos_batch"] = True
-    return func
-
-
-def _per_record(handler: KafkaHandler) -> BatchHandler:
-    def each(ctxs: list[KafkaContext]) -> None:
-        for ctx in ctxs:
-            handler(ctx)
-
-    return each
-
-
-def op_of(record: Record) -> str:
-    """Return the operation id of a record: its ``txchaos-op`` header, its key, else the body's ``op``.
-
-    The header comes first: an entity event is keyed by its aggregate id, not by its event id.
-    """
-    if record.headers.get("txchaos-op"):
-        return record.headers["txchaos-op"]
-    if record.key:
-        return record.key
-    try:
-        return str(json.loads(record.value)["op"])
-    except (ValueError, KeyError, TypeError):
-        return record.coord
-
-
-class HighWater:
-    """The highest offset handed out per partition in this run, shared by the run's workers.
-
-    Kafka has no delivery count: a record at or below a partition's mark was handed out before
-    (to this process or a crashed one), so it is a redelivery.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, tp: TP) -> Path:
-        return self.folder / f"{tp[0]}.{tp[1]}"
-
-    def mark(self, tp: TP, highest: int) -> int:
-        """Record ``highest`` as handed out; return the previous mark (-1: none)."""
-        path = self._path(tp)
-        try:
-            before = int(path.read_text())
-        except (OSError, ValueError):
-            before = -1
-        if highest > before:
-            tmp = path.with_name(f"{path.name}.{os.getpid()}")
-            tmp.write_text(str(highest))
-            tmp.replace(path)
-        return before
 
 
 class _Disconnect(Exception):
@@ -165,7 +46,7 @@ class KafkaStageWorker(WorkerRuntime):
         self.group = str(spec.options["group"])
         self.bootstrap = self.endpoints.kafka.address
         handler: Any = load_handler(spec.handler)
-        self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else _per_record(handler)
+        self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else per_record(handler)
         self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
         self._conn: db.Connection | None = None
         self.high = HighWater(self.run_dir / "kafka-high")

@@ -9,8 +9,9 @@ import pytest
 
 from harness import Crash
 from harness.clients.kafka import GroupMember, Record, dlt_name, parse_group_metadata
+from harness.worker.high_water import HighWater
+from harness.worker.kafka_context import op_of
 from harness.worker.kafka_options import KAFKA_POINTS, KafkaStageOptions
-from harness.worker.kafka_stage import HighWater, op_of
 from tests.support import KAFKA, make_spec, refused
 
 

@@ -11,7 +11,8 @@ import pytest
 from harness.patterns import kafka_consumer, onepc
 from harness.worker.__main__ import RUNTIMES
 from harness.worker.base import ContextBase, HandlerContext, WorkerRuntime
-from harness.worker.kafka_stage import KafkaContext, KafkaStageWorker
+from harness.worker.kafka_context import KafkaContext
+from harness.worker.kafka_stage import KafkaStageWorker
 from harness.worker.process import ProcessWorker
 from harness.worker.stage import StageContext, StageWorker
 
