@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.paths import cache_root
 from harness.run.service import Service, source_files
-from harness.stack.bootstrap import cache_root, go_env
+from harness.stack.bootstrap import go_env
 
 
 def source_hash(root: Path) -> str:

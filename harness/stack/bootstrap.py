@@ -42,6 +42,8 @@ if not __package__:
     # (harness.resources, harness.reporting.allure_cli) importable before the virtualenv exists.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.paths import cache_root  # after the path above, when run as a script
+
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 TOXIPROXY_VERSION = "v2.12.0"
 TRAPD_SOURCE = Path(__file__).resolve().parent.parent / "traps" / "relay"
@@ -56,11 +58,6 @@ MANIFEST_VERSION = 1
 
 class BootstrapError(Exception):
     """A tool is missing or failed to install, or the cache is damaged; the message says how to fix it."""
-
-
-def cache_root() -> Path:
-    """Return the cache directory: ``$TXCHAOS_CACHE`` or ``~/.cache/txchaos``."""
-    return Path(os.environ.get("TXCHAOS_CACHE") or Path.home() / ".cache" / "txchaos")
 
 
 @dataclass(frozen=True)
