@@ -175,7 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             for w in verdict.witnesses[:5]:
                 console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
             if not verdict.clean:
-                worst = 1
+                # a fault that never fired has its own code (6); anomalies (1) outrank it
+                code = verdict.exit_code if verdict.outcome == "unfired" else 1
+                worst = 1 if 1 in (worst, code) else code
                 target = (
                     args.scenario.partition(":")[0]
                     if args.scenario.endswith(".py") or ".py:" in args.scenario

@@ -89,5 +89,5 @@ def holds(machine: type[MachineBase[Any]]) -> None:
         raise AssertionError(f"{machine.__name__} ran {machine.examples} of {profile().max_examples} examples")
     if machine.last_result is None:
         raise AssertionError(f"{machine.__name__} kept no result")
-    if not machine.last_result.verdict.clean:
+    if not machine.last_result.verdict.anomaly_free:
         raise AssertionError(machine.last_result.verdict.headline())

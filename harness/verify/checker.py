@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
+from harness.verify import fired
 from harness.verify.assemble import (
     MAX_OVERLAY_WINDOWS,
     MAX_WITNESS_EVENTS,
@@ -234,11 +235,9 @@ def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
-    kinds = pa.array([str(Kind.FAULT_START), str(Kind.FAULT_END)])
+    kinds = pa.array([str(k) for k in fired.KINDS])  # fault windows, arms and firings
     rows: list[dict[str, Any]] = (
-        events.filter(pc.is_in(events["kind"], value_set=kinds))
-        .select(["ts_ns", "src", "seq", "kind", "point"])
-        .to_pylist()
+        events.filter(pc.is_in(events["kind"], value_set=kinds)).select(list(fired.COLUMNS)).to_pylist()
     )
     return rows
 
@@ -254,7 +253,8 @@ def check_table(
 ) -> Verdict:
     """Return the verdict for a ledger table, judging the classes ``model.judged_rules`` allows."""
     started = time.perf_counter()
-    windows, unmatched = pair_fault_windows(_fault_rows(events))
+    fault_rows = _fault_rows(events)
+    windows, unmatched = pair_fault_windows(fault_rows)
     summary = summarize(events, contract)
     if contract.per_key:
         summary = _with_per_key(summary, events)
@@ -276,6 +276,7 @@ def check_table(
         scenario=scenario,
         seed=seed,
         timing={"job_s": round(time.perf_counter() - started, 4)},
+        fault_rows=fault_rows,
     )
 
 
