@@ -121,3 +121,12 @@ def test_a_run_without_requests_or_with_anomalies_is_judged_as_before() -> None:
     unmeasured = replace(base, faults=({"type": "fault", "name": "f", "fired": None},))
     assert unmeasured.clean, "a window past the overlay limit is not measured, never called unfired"
     assert set(OUTCOMES) == {"clean", "anomalies", "incomplete", "unfired"}
+
+
+def test_txchaos_verify_exits_6_on_an_unfired_fault(tmp_path: Path) -> None:
+    from harness.verify.cli import exit_code
+
+    _ledger(tmp_path)
+    verdict = replace(checker.check_run(tmp_path, FlowContract()), incomplete=())
+    assert exit_code(verdict) == EXIT_UNFIRED
+    assert exit_code(replace(verdict, faults=())) == 0
