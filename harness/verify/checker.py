@@ -235,11 +235,15 @@ def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
-    kinds = pa.array([str(k) for k in fired.KINDS])  # fault windows, arms and firings
-    rows: list[dict[str, Any]] = (
-        events.filter(pc.is_in(events["kind"], value_set=kinds)).select(list(fired.COLUMNS)).to_pylist()
-    )
-    return rows
+    def select(kinds: tuple[Kind, ...]) -> list[dict[str, Any]]:
+        wanted = pa.array([str(k) for k in kinds])
+        rows: list[dict[str, Any]] = (
+            events.filter(pc.is_in(events["kind"], value_set=wanted)).select(list(fired.COLUMNS)).to_pylist()
+        )
+        return rows
+
+    rows = select(fired.REQUESTS)  # fault windows and arms; their firings only when something was armed
+    return rows + select(fired.FIRINGS) if fired.armed(rows) else rows
 
 
 def check_table(

@@ -2,9 +2,10 @@
 
 A fault that never happened must not pass as clean. The driver records each request in the
 ledger (an ``arm`` event per crash or trap, ``fault_start``/``fault_end`` per window); the run
-records what fired (``crash``, ``forced_redelivery``). Both engines select the rows of ``KINDS``
-(a few per run, whatever the ledger's size) and hand them to ``assemble.make_verdict``, which
-calls ``account``: the same plain Python for every engine, so they agree on it.
+records what fired (``crash``, ``forced_redelivery``). Both engines select the rows of
+``REQUESTS``, and of ``FIRINGS`` when one is an arm (``armed``), and hand them to
+``assemble.make_verdict``, which calls ``account``: the same plain Python for every engine, so
+they agree on it.
 
 Rules:
 - a crash or trap arm fired when a ``crash``/``forced_redelivery`` event names its arm id, or
@@ -21,8 +22,18 @@ from typing import Any
 
 from harness.ledger.schema import Kind
 
-KINDS: tuple[Kind, ...] = (Kind.ARM, Kind.CRASH, Kind.FORCED_REDELIVERY, Kind.FAULT_START, Kind.FAULT_END)
+# What was asked (an engine always selects these: a few rows per run) and what fired (selected
+# only when something was armed: a synthetic ledger of 100M events holds ~1M crash rows and no arm).
+REQUESTS: tuple[Kind, ...] = (Kind.ARM, Kind.FAULT_START, Kind.FAULT_END)
+FIRINGS: tuple[Kind, ...] = (Kind.CRASH, Kind.FORCED_REDELIVERY)
+KINDS: tuple[Kind, ...] = REQUESTS + FIRINGS
 COLUMNS: tuple[str, ...] = ("ts_ns", "src", "seq", "kind", "op", "point", "detail")
+
+
+def armed(rows: list[dict[str, Any]]) -> bool:
+    """Tell whether the ``REQUESTS`` rows hold an arm, so the engine must also select ``FIRINGS``."""
+    return any(r["kind"] == Kind.ARM for r in rows)
+
 
 # What a service did not do when its trap never fired, in words the headline uses.
 MISSING: dict[str, str] = {

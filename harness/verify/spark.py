@@ -499,7 +499,10 @@ def check_events(
 
     events, table, srcs = load_events(spark, ledger_dir)
     try:
-        fault_rows = [r.asDict() for r in events.where(is_kind(*fired.KINDS)).select(*fired.COLUMNS).collect()]
+        # fault windows and arms; their firings only when something was armed (``fired.armed``)
+        fault_rows = [r.asDict() for r in events.where(is_kind(*fired.REQUESTS)).select(*fired.COLUMNS).collect()]
+        if fired.armed(fault_rows):
+            fault_rows += [r.asDict() for r in events.where(is_kind(*fired.FIRINGS)).select(*fired.COLUMNS).collect()]
         windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
         writers = _writers(events, srcs)
