@@ -175,7 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             for w in verdict.witnesses[:5]:
                 console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
             if not verdict.clean:
-                worst = 1
+                # a fault that never fired has its own code (6); anomalies (1) outrank it
+                code = verdict.exit_code if verdict.outcome == "unfired" else 1
+                worst = 1 if 1 in (worst, code) else code
                 target = (
                     args.scenario.partition(":")[0]
                     if args.scenario.endswith(".py") or ".py:" in args.scenario
@@ -217,7 +219,12 @@ def _call(cmd: list[str], *, env: dict[str, str]) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
+    from harness.paths import reports_root
+
     cmd = [sys.executable, "-m", "pytest", *args.pytest_args]
+    if not any(a.startswith("--junitxml") or a.startswith("--junit-xml") for a in args.pytest_args):
+        # gates that read only JUnit XML get it; a --junitxml of the caller's own wins
+        cmd.append(f"--junitxml={reports_root() / 'junit.xml'}")
     return _call(cmd, env=_with_spark_verify())
 
 
@@ -245,7 +252,9 @@ def _flagship_files() -> list[str]:
 def cmd_flagship(args: argparse.Namespace) -> int:
     from harness.paths import reports_root
 
-    out = reports_root() / "flagship" / time.strftime("%Y%m%d-%H%M%S")
+    root = reports_root() / "flagship"
+    previous = _latest_report(root)  # its history fills this report's trend graphs
+    out = root / time.strftime("%Y%m%d-%H%M%S")
     results = out / "allure-results"
     console.rule("txchaos flagship: messaging patterns, naive vs fixed, under crashes, redeliveries and faults")
     cmd = [
@@ -257,11 +266,12 @@ def cmd_flagship(args: argparse.Namespace) -> int:
         "-p",
         "no:cacheprovider",
         f"--alluredir={results}",
+        f"--junitxml={out / 'junit.xml'}",
     ]
     if args.provider:
         cmd.append(f"--txchaos-provider={args.provider}")
     code = _call(cmd, env=_with_spark_verify())
-    html = _allure_html(results, out / "allure-report")
+    html = _allure_html(results, out / "allure-report", previous=previous, provider=args.provider or "auto")
     console.rule("flagship done")
     console.print(f"run folders: {reports_root() / 'runs'}")
     if html:
@@ -269,17 +279,30 @@ def cmd_flagship(args: argparse.Namespace) -> int:
     return code if code in (0, 1) else 3
 
 
-def _allure_html(results: Path, out: Path) -> Path | None:
+def _latest_report(root: Path) -> Path | None:
+    """Return the newest ``<run>/allure-report`` under ``root`` that holds a history, if any."""
+    reports = sorted(root.glob("*/allure-report/history/history-trend.json")) if root.is_dir() else []
+    return reports[-1].parent.parent if reports else None
+
+
+def _allure_html(results: Path, out: Path, *, previous: Path | None = None, provider: str = "local") -> Path | None:
+    from dataclasses import asdict
+
     from harness.reporting.allure_cli import generate_html
+    from harness.reporting.allure_results import finish_results
     from harness.stack.bootstrap import BootstrapError, load_tools
 
     try:
-        allure = load_tools().allure
+        tools = {k: str(v) for k, v in asdict(load_tools()).items() if v}
     except BootstrapError:
-        allure = None
+        tools = {}
+    allure = tools.get("allure")
     if not allure or not results.is_dir():
         console.print("[yellow]no Allure command line: HTML report skipped (run `txchaos install`)[/]")
         return None
+    done = finish_results(results, previous=previous, provider=provider, tools=tools)
+    history = f"history from {previous}" if done["history"] else "no earlier history"
+    console.print(f"allure: categories, environment, {done['executor'] or 'no CI'} executor, {history}")
     return generate_html(Path(allure), results, out)
 
 
@@ -287,7 +310,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     results = Path(args.results)
     if not results.is_dir():
         raise ConfigError(f"no allure results in {results}", hint="pass the allure-results folder of a pytest run")
-    html = _allure_html(results, Path(args.out) if args.out else results.parent / "allure-report")
+    previous = Path(args.history) if args.history else None
+    if previous is not None and not (previous / "history").is_dir():
+        raise ConfigError(
+            f"--history {previous} holds no history/ folder",
+            hint="pass the folder of an earlier report made by `txchaos report` or `txchaos flagship` "
+            "(it holds index.html and history/)",
+        )
+    out = Path(args.out) if args.out else results.parent / "allure-report"
+    html = _allure_html(results, out, previous=previous, provider=args.provider)
     if html:
         console.print(f"report: {html}")
     return 0 if html else 3
@@ -360,6 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="turn an allure-results folder into an offline HTML report")
     p.add_argument("results")
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="PREV_REPORT_DIR",
+        help="an earlier report's folder: its history/ fills this report's trend graphs",
+    )
+    p.add_argument("--provider", default="local", help="the stack provider the results ran on (environment tab)")
     p.set_defaults(func=cmd_report)
 
     # add_help=False: `-h` goes on to the forwarded command, which knows its own options.

@@ -7,6 +7,9 @@
   explains it): the service failed, which is not an anomaly of the flow.
 - ``IncompleteEvidence`` (exit 4): the run folder does not hold the evidence for a full verdict
   (the run was killed before it closed its books, or its ledger is damaged beyond repair).
+- ``UnfiredFault`` (exit 6): a requested crash, trap or fault window never fired, so the run did
+  not test what it asked (a trap on a commit the service never sends, an op the flow never
+  reaches); no anomaly, but not clean either.
 
 Every message names the bad value and says how to fix it, as a ``Hint:`` line.
 """
@@ -52,6 +55,15 @@ class IncompleteEvidence(TxChaosError):
     """The run folder does not hold the evidence for a full verdict; nothing is known to be wrong."""
 
     exit_code = EXIT_INCOMPLETE
+
+
+EXIT_UNFIRED = 6  # also the exit code of a verdict whose outcome is "unfired"
+
+
+class UnfiredFault(TxChaosError):
+    """A requested fault never fired: the run is no evidence either way about that fault."""
+
+    exit_code = EXIT_UNFIRED
 
 
 class InvariantViolation(TxChaosError):

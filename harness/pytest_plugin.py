@@ -9,6 +9,7 @@ Fixtures:
 - ``txchaos_reset`` (function): a ``Resetter`` that has just emptied tables, purged tracked
   queues and topics, and removed every toxic.
 - ``txchaos_run`` (function): ``run(spec) -> RunResult``; the run folder is attached to Allure.
+  A requested fault that never fired fails the test unless ``run(spec, allow_unfired=True)``.
   With ``--txchaos-spark-verify`` each run is verified again by the Spark engine (one JVM for the
   session) and the test fails when the two engines' verdicts differ.
 """
@@ -19,9 +20,9 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -32,6 +33,13 @@ if TYPE_CHECKING:
     from harness.run.spec import ScenarioSpec
     from harness.stack.base import Endpoints, StackProvider
     from harness.stack.reset import Resetter
+
+
+class RunScenario(Protocol):
+    """What ``txchaos_run`` returns: ``run(spec, allow_unfired=False) -> RunResult``."""
+
+    def __call__(self, spec: ScenarioSpec, *, allow_unfired: bool = False) -> RunResult: ...
+
 
 MARKERS = {
     "integration": "needs the real stack (Postgres, ActiveMQ, Kafka, Toxiproxy)",
@@ -196,15 +204,15 @@ def txchaos_reset(_txchaos_resetter: Resetter) -> Resetter:
 
 
 @pytest.fixture
-def txchaos_run(
-    request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchaos_reset: Resetter
-) -> Callable[[ScenarioSpec], RunResult]:
-    """Return ``run(spec)``: run a scenario, attach its folder to Allure, remember it for the summary."""
+def txchaos_run(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchaos_reset: Resetter) -> RunScenario:
+    """Return ``run(spec, allow_unfired=False)``: run a scenario, attach its folder to Allure,
+    remember it for the summary. A requested crash, trap or fault window that never fired fails
+    the test (``UnfiredFault``, naming it) unless the test says it accepts that."""
     from harness.reporting.allure import attach_run
     from harness.reporting.plots import render_run
     from harness.run.dispatch import run_spec
 
-    def run(spec: ScenarioSpec) -> RunResult:
+    def run(spec: ScenarioSpec, *, allow_unfired: bool = False) -> RunResult:
         result = run_spec(spec, txchaos_stack)
         txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
         request.config.stash[_RUNS].append(result)
@@ -218,6 +226,15 @@ def txchaos_run(
             raise HarnessError(
                 f"the Spark and in-process engines disagree on {result.run_dir}: {'; '.join(check.diffs)}",
                 hint=f"compare verdict.json with verdict-spark.json in {result.run_dir}",
+            )
+        if result.verdict.outcome == "unfired" and not allow_unfired:
+            from harness.errors import UnfiredFault
+
+            raise UnfiredFault(
+                f"{spec.label}: {'; '.join(result.verdict.unfired)}; the run proves nothing about it "
+                f"(run folder {result.run_dir})",
+                hint="arm a point the flow reaches (docs/traps.md lists what each trap waits for), "
+                "or pass txchaos_run(spec, allow_unfired=True) if not firing is the point of the test",
             )
         return result
 

@@ -97,6 +97,8 @@ class Kind(StrEnum):
     RESIDUE_ENTITY = "residue_entity"  # one replica row at quiescence (per-key view)
     RESIDUE_DECLARED = "residue_declared"  # a declared effect's row: detail.applied, times the op was applied
     RESIDUE_INVARIANT = "residue_invariant"  # a declared invariant's value: detail.actual, detail.expected
+    # Last, whatever its meaning: a compacted ledger stores a kind as its index here (layout.KIND_CODES).
+    ARM = "arm"  # the driver armed a crash or trap (detail: arm, target_op, nth, action, worker, via)
 
 
 RESIDUE_KINDS = frozenset(

@@ -11,7 +11,7 @@ operations, or sagas, or transfers, with nothing armed); ``NetworkMachine`` adds
 
 >>> class MyMachine(MachineBase[RunSession]):
 ...     def open_session(self, spec): return RunSession(spec, type(self).endpoints).open()
-...     def judge(self, result): return None if result.verdict.clean else result.verdict.headline()
+...     def judge(self, result): return None if result.verdict.anomaly_free else result.verdict.headline()
 >>> Machine = bind(MyMachine, spec, endpoints, "MyNaiveMachine")
 """
 
@@ -36,6 +36,7 @@ from harness.run.folder import RunFolder
 from harness.run.runner import RunResult
 from harness.run.spec import ScenarioSpec
 from harness.stack.base import Endpoints
+from harness.verify.fired import fired_count
 from harness.verify.verdict import Verdict
 
 
@@ -71,6 +72,9 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     last_steps: ClassVar[list[str]] = []
     last_result: ClassVar[RunResult | None] = None
     examples: ClassVar[int] = 0
+    # Per example (its number -> (faults fired, faults requested)), from the verdict's accounting:
+    # an example whose arms never fired searched nothing, and the report says how many did.
+    fired: ClassVar[dict[int, tuple[int, int]]] = {}
     # When the first counterexample appeared (example number, seconds since the first example):
     # the rest of the examples are Hypothesis shrinking it.
     found_at: ClassVar[tuple[int, float] | None] = None
@@ -102,6 +106,7 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
             "last_steps": [],
             "last_result": None,
             "examples": 0,
+            "fired": {},
             "found_at": None,
             "started_at": None,
         }
@@ -126,7 +131,22 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         if self.first_duplicate is not None:
             step, ops = self.first_duplicate
             seen = f"\nduplicate-effect on {ops} already after step {step}"
-        return f"{verdict.headline()}{seen}" if not verdict.clean or seen else None
+        # an arm the example never reached is the search's business, not a counterexample
+        return f"{verdict.headline()}{seen}" if not verdict.anomaly_free or seen else None
+
+    @classmethod
+    def fired_summary(cls) -> str:
+        """Return how many requested faults fired over the examples so far, and in how many examples none did.
+
+        ``faults fired: 31 of 40 requested in 25 examples (3 examples fired none of theirs)``
+        """
+        fired = sum(f for f, _ in cls.fired.values())
+        asked = sum(a for _, a in cls.fired.values())
+        idle = sum(1 for f, a in cls.fired.values() if a and not f)
+        examples = len(cls.fired)
+        return (
+            f"faults fired: {fired} of {asked} requested in {examples} examples ({idle} examples fired none of theirs)"
+        )
 
     def remember(self, message: str, result: RunResult) -> None:
         """Keep the first counterexample, for machines whose replay may meet other timing."""
@@ -188,10 +208,13 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
             result = self.run.close()  # quiescence, residue, verdict; heals the run in any case
         cls = type(self)
         cls.last_result = result
+        fired, asked = cls.fired[cls.examples] = fired_count(result.verdict.faults)
+        note(f"faults fired: {fired} of {asked} requested")
         problem = self.judge(result)
         if problem is not None:
             self._violated(
-                f"{problem}\nrun folder: {result.run_dir}\nseed: {result.verdict.seed}\n"
+                f"{problem}\nfaults fired: {fired} of {asked} requested\n"
+                f"run folder: {result.run_dir}\nseed: {result.verdict.seed}\n"
                 f"steps: {' -> '.join(cls.last_steps)}",
                 result,
             )

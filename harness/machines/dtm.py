@@ -127,7 +127,7 @@ class DtmMachine(MachineBase[DtmRunSession]):
             raise AssertionError(f"{result.run_dir}: the run did not close its books")
         debited, credited = self.run.books
         note(f"verdict: {verdict.headline()}; debited {debited}, credited {credited}")
-        broken = [] if verdict.clean else [verdict.headline()]
+        broken = [] if verdict.anomaly_free else [verdict.headline()]
         if debited != credited:
             broken.append(f"money not conserved: debited {debited}, credited {credited}")
         return failure(broken, verdict)

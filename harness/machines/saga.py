@@ -104,7 +104,7 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
         note(f"verdict: {verdict.headline()}")
         ops = set(self.run.ops)
         open_sagas = sorted(op for op in ops if op in verdict.ops("stuck") | verdict.ops("lost"))
-        broken = [] if verdict.clean else [verdict.headline()]
+        broken = [] if verdict.anomaly_free else [verdict.headline()]
         if open_sagas:
             broken.append(f"sagas not in a final state: {', '.join(open_sagas)}")
         if self.first_duplicate is not None:

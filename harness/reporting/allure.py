@@ -16,9 +16,11 @@ from typing import Any
 import allure
 
 from harness.errors import ConfigError
+from harness.reporting.allure_results import ANOMALY_LABEL, VERDICT_LABEL
+from harness.verify.fired import fired_count
 from harness.verify.verdict import Verdict
 
-__all__ = ["LOG_TAIL_BYTES", "attach_file", "attach_run", "attach_verdict"]
+__all__ = ["LOG_TAIL_BYTES", "attach_file", "attach_run", "attach_verdict", "replay_command"]
 
 # Service logs can reach hundreds of MB, and a single-file report embeds every attachment.
 LOG_TAIL_BYTES = 512 * 1024
@@ -36,9 +38,10 @@ log = logging.getLogger("txchaos.reporting")
 def _guarded(what: str, call: Callable[..., object], *args: Any) -> None:
     try:
         call(*args)
-    except KeyError as exc:
+    except (KeyError, AttributeError) as exc:
         # With --alluredir but no test or fixture running (e.g. from pytest_sessionfinish),
-        # allure-pytest looks up a current item that does not exist. Drop the attachment.
+        # allure-pytest looks up a current item that does not exist (a KeyError; None for a
+        # parameter, an AttributeError). Drop the attachment.
         log.debug("allure: %s dropped outside a test (%r)", what, exc)
 
 
@@ -57,35 +60,60 @@ def _summary(verdict: Verdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def attach_verdict(verdict_path: Path) -> None:
-    """Attach ``verdict.json`` and a text summary, and label the test with the run's scenario.
+def replay_command(verdict: Verdict) -> str:
+    """Return the command that replays the verdict's run (``txchaos run NAME:VARIANT --seed N``)."""
+    seed = f" --seed {verdict.seed}" if verdict.seed is not None else ""
+    return f"txchaos run {verdict.scenario}{seed}"
 
-    The scenario becomes the ``feature``; the ``story`` is ``clean`` or the anomaly classes found,
-    so Allure's Behaviors tab groups runs by scenario, then by outcome. A run with anomalies is
-    marked ``critical``.
+
+def attach_verdict(verdict_path: Path) -> None:
+    """Attach ``verdict.json`` and a text summary, and label the test the way Allure's tabs read it.
+
+    ``feature`` is the pattern or service (the scenario's name), ``story`` the variant, a ``tag``
+    per requested fault, the seed a parameter, one ``anomaly`` label per class the verdict found
+    (so a passing test of a bad variant still shows what it caught, in Categories too: see
+    ``allure_results.annotate``) and the replay command in the description. A run with anomalies
+    is marked ``critical``.
     """
     if not verdict_path.is_file():
         return
     verdict = Verdict.load(verdict_path)
     attach_file(verdict_path, "verdict.json", "json")
     _guarded("summary", allure.attach, _summary(verdict), "verdict summary", allure.attachment_type.TEXT)
-    if verdict.scenario:
-        _guarded("feature", allure.dynamic.feature, verdict.scenario)
-    _guarded("story", allure.dynamic.story, "clean" if verdict.clean else ", ".join(sorted(verdict.found())))
-    if not verdict.clean:
+    name, _, variant = verdict.scenario.partition(":")
+    if name:
+        _guarded("feature", allure.dynamic.feature, name)
+    _guarded("story", allure.dynamic.story, variant or ("clean" if verdict.clean else verdict.outcome))
+    for fault in dict.fromkeys(f"{e.get('type')}:{e.get('name')}" for e in verdict.faults):
+        _guarded("tag", allure.dynamic.tag, fault)
+    if verdict.seed is not None:
+        _guarded("seed", allure.dynamic.parameter, "seed", verdict.seed)
+    for cls in sorted(verdict.found()):
+        _guarded("anomaly", allure.dynamic.label, ANOMALY_LABEL, cls)
+    _guarded("verdict", allure.dynamic.label, VERDICT_LABEL, verdict.headline())
+    fired, asked = fired_count(verdict.faults)
+    text = (
+        f"**{verdict.outcome}**: {verdict.headline()}\n\n"
+        f"faults fired: {fired} of {asked} requested\n\n"
+        f"replay: `{replay_command(verdict)}`\n"
+    )
+    _guarded("description", allure.dynamic.description, text)
+    if not verdict.anomaly_free:
         _guarded("severity", allure.dynamic.severity, allure.severity_level.CRITICAL)
 
 
 def attach_file(path: Path, name: str, kind: str) -> None:
     """Attach ``path`` as ``kind`` (png, json, text or log); a log keeps only its last 512 KiB.
 
-    A missing file is skipped: the evidence that exists is still worth attaching.
+    A missing or empty file is skipped: the evidence that exists is still worth attaching.
     """
     if kind not in _TYPES:
         raise ConfigError(f"unknown attachment kind {kind!r} for {path}", hint=f"use one of {sorted(_TYPES)}")
     if not path.is_file():
         return
     size = path.stat().st_size
+    if size == 0:
+        return  # an empty attachment says nothing and opens as a blank page
     if kind in ("text", "log") and size > LOG_TAIL_BYTES:
         with path.open("rb") as fh:
             fh.seek(size - LOG_TAIL_BYTES)

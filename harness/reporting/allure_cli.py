@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def generate_html(allure: Path, results_dir: Path, out_dir: Path) -> Path:
     """Write an HTML report of ``results_dir`` to ``out_dir`` and return its ``index.html``.
 
     The report is a single self-contained file when the tool supports it, so it opens from disk
-    without a web server; older versions write the usual multi-file report.
+    without a web server; older versions write the usual multi-file report. Either way
+    ``out_dir/history`` holds the trend data the next report takes (``--history``).
     """
     if not results_dir.is_dir():
         raise RuntimeError(
@@ -150,4 +152,28 @@ def generate_html(allure: Path, results_dir: Path, out_dir: Path) -> Path:
             proc.stderr or proc.stdout,
             f"run `{' '.join(cmd)}` by hand to see the full output",
         )
+    if "--single-file" in cmd:
+        _keep_history(allure, results_dir, out_dir)
     return index
+
+
+def _keep_history(allure: Path, results_dir: Path, out_dir: Path) -> None:
+    """Write ``out_dir/history`` beside a single-file report, which has none of its own.
+
+    The next report's trend graphs start from this folder (``allure_results.copy_history``);
+    only the multi-file report writes it, so one is made aside for its history alone.
+    """
+    with tempfile.TemporaryDirectory(prefix="txchaos-allure-") as tmp:
+        full = Path(tmp) / "report"
+        cmd = [str(allure), "generate", str(results_dir), "-o", str(full), "--clean"]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S, env=_tool_env(), check=False
+        )
+        if proc.returncode != 0 or not (full / "history").is_dir():
+            raise _fail(
+                f"allure generate (for the history) failed (exit {proc.returncode}) for {results_dir}",
+                proc.stderr or proc.stdout,
+                f"run `{' '.join(cmd)}` by hand to see the full output",
+            )
+        shutil.rmtree(out_dir / "history", ignore_errors=True)
+        shutil.copytree(full / "history", out_dir / "history")

@@ -202,6 +202,8 @@ class ServiceSession(SinkSession[Any]):
         return set()
 
     # -- traps ---------------------------------------------------------------------------------
+    arm_via = "trap"  # the verdict words an unfired arm as a trap the service never reached
+
     def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
         """Arm the trap ``crash`` names: on its operation (or ``op``), or on the nth hit of its point."""
         arm = super().arm(crash, op=op)

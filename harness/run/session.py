@@ -59,7 +59,8 @@ class RunResult:
 
     @property
     def as_expected(self) -> bool:
-        return set(self.verdict.found()) == set(self.spec.expect)
+        """Tell whether the verdict found exactly the expected classes and every requested fault fired."""
+        return set(self.verdict.found()) == set(self.spec.expect) and not self.verdict.unfired
 
 
 def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
@@ -92,6 +93,7 @@ class RunSession:
     flow: ClassVar[str] = ""  # the name of the registered flow this session runs (``spec.flow.name``)
     # drive() submits the operations before the first fault window before the workers join.
     late_workers: ClassVar[bool] = False
+    arm_via: ClassVar[str] = "crash"  # what an arm is in this flow's words: a worker's crash point or a wire "trap"
 
     def __new__(cls, spec: ScenarioSpec, endpoints: Endpoints, **_: Any) -> RunSession:
         if cls is RunSession:
@@ -298,6 +300,18 @@ class RunSession:
             worker=crash.worker,
         )
         self.arms.append(arm)
+        # Before the arm is live: the verdict accounts for every request (verify/fired.py), and
+        # ``op`` stays empty so the request never stretches the operation's span.
+        self.ledger.emit(
+            Kind.ARM,
+            point=crash.point,
+            arm=arm.id,
+            target_op=op,
+            nth=crash.nth,
+            action=crash.action,
+            worker=crash.worker,
+            via=self.arm_via,
+        )
         write_arms(self.folder.path, self.arms)
         on = f"op {op}" if op else f"hit #{crash.nth}"
         who = f" in {crash.worker}" if crash.worker else ""

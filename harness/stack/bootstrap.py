@@ -143,6 +143,28 @@ def ensure_postgres() -> str:
     return str(found)
 
 
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def ensure_browser() -> str | None:
+    """Return a headless-capable Chromium for the report's browser test, installing Debian's when root.
+
+    Only the checkout's test suite needs it (``./txchaos test``: ``--browser``); without root and
+    without a browser the test skips, saying so, and nothing else is affected.
+    """
+    found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if found:
+        return found
+    if not _is_root():
+        print(
+            f"{_PREFIX[0]}: no chromium, the report's browser test will skip (run `sudo apt-get install -y chromium`)",
+            file=sys.stderr,
+        )
+        return None
+    _apt_install("chromium")
+    return shutil.which("chromium")
+
+
 def _digest(*paths: Path) -> str:
     h = hashlib.sha256()
     for p in paths:
@@ -561,10 +583,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
     parser.add_argument("--no-venv", action="store_true", help="only the services' tools")
     parser.add_argument("--verify", action="store_true", help="hash every installed file again")
+    parser.add_argument("--browser", action="store_true", help="also Chromium, for the report's browser test")
     args = parser.parse_args(argv)
     try:
         venv = None if args.no_venv else ensure_venv(args.repo.resolve())
         ensure_all(venv, verify=args.verify)
+        if args.browser:
+            ensure_browser()
     except BootstrapError as exc:
         print(f"txchaos bootstrap: {exc}", file=sys.stderr)
         return 2

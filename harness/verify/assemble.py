@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.ledger.schema import Kind
+from harness.verify import fired
 from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS
 from harness.verify.verdict import Verdict, Witness
 
@@ -52,6 +53,8 @@ def pair_fault_windows(rows: list[dict[str, Any]]) -> tuple[list[FaultWindow], i
     unmatched = 0
     for r in rows:
         name = str(r.get("point") or "?")
+        if r["kind"] not in (Kind.FAULT_START, Kind.FAULT_END):
+            continue  # the rows of ``fired.KINDS`` also hold arms and firings
         if r["kind"] == Kind.FAULT_START:
             open_.setdefault(name, []).append(int(r["ts_ns"]))
         elif open_.get(name):
@@ -192,11 +195,18 @@ def make_verdict(
     scenario: str,
     seed: int | None,
     timing: dict[str, float],
+    fault_rows: list[dict[str, Any]] | None = None,
 ) -> Verdict:
-    """Return the verdict an engine reports."""
+    """Return the verdict an engine reports.
+
+    ``fault_rows`` are the ledger's rows of ``fired.KINDS`` (columns ``fired.COLUMNS``): with them
+    the verdict accounts for every requested crash, trap and fault window (``Verdict.faults``).
+    """
     anomalies = {c: int(agg.anomalies.get(c, 0)) for c in ANOMALY_CLASSES}
     stats = build_stats(agg, windows, unmatched_ends)
-    return Verdict(anomalies, witnesses, stats, engine, scenario, seed, timing=timing)
+    faults = fired.account(fault_rows or [], windows, agg.overlays, MAX_OVERLAY_WINDOWS)
+    stats["faults_fired"], stats["faults_requested"] = fired.fired_count(faults)
+    return Verdict(anomalies, witnesses, stats, engine, scenario, seed, timing=timing, faults=faults)
 
 
 def compare_verdicts(a: Verdict, b: Verdict) -> list[str]:
@@ -207,7 +217,7 @@ def compare_verdicts(a: Verdict, b: Verdict) -> list[str]:
     damaged lines). Not compared: engine, timing, notes (only the first engine repairs a ledger).
     """
     diffs: list[str] = []
-    for name in ("incomplete", "unjudged", "damaged_lines"):
+    for name in ("incomplete", "unjudged", "damaged_lines", "faults"):
         if getattr(a, name) != getattr(b, name):
             diffs.append(f"{name}: {getattr(a, name)!r} != {getattr(b, name)!r}")
     for c in ANOMALY_CLASSES:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
+from harness.verify import fired
 from harness.verify.assemble import (
     MAX_OVERLAY_WINDOWS,
     MAX_WITNESS_EVENTS,
@@ -234,13 +235,15 @@ def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
-    kinds = pa.array([str(Kind.FAULT_START), str(Kind.FAULT_END)])
-    rows: list[dict[str, Any]] = (
-        events.filter(pc.is_in(events["kind"], value_set=kinds))
-        .select(["ts_ns", "src", "seq", "kind", "point"])
-        .to_pylist()
-    )
-    return rows
+    def select(kinds: tuple[Kind, ...]) -> list[dict[str, Any]]:
+        wanted = pa.array([str(k) for k in kinds])
+        rows: list[dict[str, Any]] = (
+            events.filter(pc.is_in(events["kind"], value_set=wanted)).select(list(fired.COLUMNS)).to_pylist()
+        )
+        return rows
+
+    rows = select(fired.REQUESTS)  # fault windows and arms; their firings only when something was armed
+    return rows + select(fired.FIRINGS) if fired.armed(rows) else rows
 
 
 def check_table(
@@ -254,7 +257,8 @@ def check_table(
 ) -> Verdict:
     """Return the verdict for a ledger table, judging the classes ``model.judged_rules`` allows."""
     started = time.perf_counter()
-    windows, unmatched = pair_fault_windows(_fault_rows(events))
+    fault_rows = _fault_rows(events)
+    windows, unmatched = pair_fault_windows(fault_rows)
     summary = summarize(events, contract)
     if contract.per_key:
         summary = _with_per_key(summary, events)
@@ -276,6 +280,7 @@ def check_table(
         scenario=scenario,
         seed=seed,
         timing={"job_s": round(time.perf_counter() - started, 4)},
+        fault_rows=fault_rows,
     )
 
 

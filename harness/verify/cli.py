@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from harness.errors import EXIT_INCOMPLETE, ConfigError, TxChaosError
+from harness.errors import ConfigError, TxChaosError
 from harness.verify.model import FlowContract
 from harness.verify.verdict import Verdict
 
@@ -142,8 +142,9 @@ def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = Non
 
 
 def exit_code(verdict: Verdict) -> int:
-    """Return the exit code of a verdict: 0 clean, 1 anomalies, 4 incomplete (whatever was found)."""
-    return {"clean": 0, "anomalies": 1}.get(verdict.outcome, EXIT_INCOMPLETE)
+    """Return the exit code of a verdict: 0 clean, 1 anomalies, 4 incomplete (whatever was found),
+    6 unfired (no anomaly, but a requested fault never fired)."""
+    return verdict.exit_code
 
 
 def verify_main(argv: Sequence[str] | None = None) -> int:

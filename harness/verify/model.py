@@ -153,7 +153,8 @@ class Invariant:
     binds to the number of submitted operations. ``label`` names the actual value in the verdict
     (default: ``name``). Example, a conserved total over 10 accounts seeded with 100 each::
 
-        Invariant("conserved-total", "SELECT sum(balance), 1000 FROM accounts", label="sum(accounts.balance)")
+        Invariant("conserved-total", "SELECT sum(balance) AS actual, 1000 AS expected FROM accounts",
+                  label="sum(accounts.balance)")
     """
 
     name: str

@@ -32,7 +32,7 @@ from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, re
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.paths import cache_root
-from harness.verify import assemble, model
+from harness.verify import assemble, fired, model
 from harness.verify.evidence import gather
 from harness.verify.verdict import Verdict, Witness
 
@@ -481,8 +481,9 @@ def check_events(
     *,
     snapshot: bool = True,
     intact: bool = True,
-) -> tuple[assemble.Aggregates, tuple[Witness, ...], list[assemble.FaultWindow], int]:
-    """Run the reconciliation job; return aggregates, witnesses, windows and unmatched fault ends.
+) -> tuple[assemble.Aggregates, tuple[Witness, ...], list[assemble.FaultWindow], int, list[dict[str, Any]]]:
+    """Run the reconciliation job; return aggregates, witnesses, windows, unmatched fault ends and
+    the rows of ``fired.KINDS`` (requested faults and their firings).
 
     ``phases`` (when given) receives the seconds each step took, for the benchmark; ``snapshot``
     and ``intact`` choose the judged classes (``model.judged_rules``).
@@ -498,12 +499,10 @@ def check_events(
 
     events, table, srcs = load_events(spark, ledger_dir)
     try:
-        fault_rows = [
-            r.asDict()
-            for r in events.where(is_kind(Kind.FAULT_START, Kind.FAULT_END))
-            .select("ts_ns", "src", "seq", "kind", "point")
-            .collect()
-        ]
+        # fault windows and arms; their firings only when something was armed (``fired.armed``)
+        fault_rows = [r.asDict() for r in events.where(is_kind(*fired.REQUESTS)).select(*fired.COLUMNS).collect()]
+        if fired.armed(fault_rows):
+            fault_rows += [r.asDict() for r in events.where(is_kind(*fired.FIRINGS)).select(*fired.COLUMNS).collect()]
         windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
         writers = _writers(events, srcs)
@@ -514,7 +513,7 @@ def check_events(
         lap("summary_s")
         witnesses = _witnesses(events, rows, windows, contract)
         lap("chains_s")
-        return agg, witnesses, windows, unmatched
+        return agg, witnesses, windows, unmatched, fault_rows
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")  # external table: drops the name, keeps the files
 
@@ -544,7 +543,7 @@ def check_run(
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:
-        agg, witnesses, windows, unmatched = check_events(
+        agg, witnesses, windows, unmatched, fault_rows = check_events(
             session, run_dir / "ledger", contract, phases, snapshot=evidence.closed, intact=evidence.intact
         )
         t2 = time.perf_counter()
@@ -553,6 +552,14 @@ def check_run(
             session.stop()
     timing = {"jvm_start_s": round(t1 - t0, 3) if own else 0.0, "job_s": round(t2 - t1, 3), **phases}
     verdict = assemble.make_verdict(
-        agg, witnesses, windows, unmatched, engine="spark", scenario=scenario, seed=seed, timing=timing
+        agg,
+        witnesses,
+        windows,
+        unmatched,
+        engine="spark",
+        scenario=scenario,
+        seed=seed,
+        timing=timing,
+        fault_rows=fault_rows,
     )
     return evidence.apply(verdict, contract)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED
 from harness.verify.model import ANOMALY_CLASSES
 
 
@@ -57,7 +58,9 @@ def explain(w: Witness) -> str:
     return f"invariant broken at {w.op}"
 
 
-OUTCOMES = ("clean", "anomalies", "incomplete")
+OUTCOMES = ("clean", "anomalies", "incomplete", "unfired")
+# The exit code of each outcome, for CI gates (errors.py names the families).
+EXIT_CODES = {"clean": 0, "anomalies": 1, "incomplete": EXIT_INCOMPLETE, "unfired": EXIT_UNFIRED}
 DECLARED_CLASSES = frozenset({"invariant-broken", "duplicate-output"})  # the classes ``explain`` words
 
 
@@ -71,6 +74,10 @@ class Verdict:
     outcome is ``incomplete`` whatever was found. ``damaged_lines`` counts the unreadable ledger
     lines per segment (skipped one by one). ``notes`` say what verification repaired, e.g. a
     compacted ledger rebuilt from its segments.
+
+    ``faults`` accounts for every requested crash, trap and fault window (``verify/fired.py``):
+    whether and when it fired, on which operation and worker. A run in which one never fired is
+    not clean: its outcome is ``unfired`` (unless anomalies or missing evidence say more).
     """
 
     anomalies: dict[str, int]
@@ -85,18 +92,37 @@ class Verdict:
     unjudged: tuple[str, ...] = ()
     damaged_lines: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    faults: tuple[dict[str, Any], ...] = ()
 
     @property
-    def clean(self) -> bool:
-        """Tell whether the run was judged in full and showed no anomaly."""
+    def anomaly_free(self) -> bool:
+        """Tell whether the run was judged in full and showed no anomaly (faults fired or not)."""
         return not self.incomplete and not any(self.anomalies.values())
 
     @property
+    def clean(self) -> bool:
+        """Tell whether the run was judged in full, showed no anomaly, and every requested fault fired."""
+        return self.anomaly_free and not self.unfired
+
+    @property
+    def unfired(self) -> tuple[str, ...]:
+        """Return, in words, each requested crash, trap or fault window that never fired."""
+        return tuple(str(e["why"]) for e in self.faults if e.get("fired") is False)
+
+    @property
     def outcome(self) -> str:
-        """Return ``clean``, ``anomalies`` or ``incomplete`` (the evidence does not allow a full verdict)."""
+        """Return ``clean``, ``anomalies``, ``incomplete`` (the evidence does not allow a full verdict)
+        or ``unfired`` (no anomaly, but a requested fault never happened: the run proved nothing)."""
         if self.incomplete:
             return "incomplete"
-        return "clean" if self.clean else "anomalies"
+        if any(self.anomalies.values()):
+            return "anomalies"
+        return "unfired" if self.unfired else "clean"
+
+    @property
+    def exit_code(self) -> int:
+        """Return the outcome's exit code (``EXIT_CODES``)."""
+        return EXIT_CODES[self.outcome]
 
     def ops(self, anomaly: str) -> set[str]:
         """Return the operation ids the verdict names for ``anomaly``."""
@@ -115,6 +141,7 @@ class Verdict:
         out = asdict(self)
         out["clean"] = self.clean
         out["outcome"] = self.outcome
+        out["unfired"] = list(self.unfired)
         out["anomalies"] = {k: self.anomalies.get(k, 0) for k in ANOMALY_CLASSES}
         return out
 
@@ -150,6 +177,7 @@ class Verdict:
             unjudged=tuple(raw.get("unjudged", ())),
             damaged_lines=dict(raw.get("damaged_lines", {})),
             notes=tuple(raw.get("notes", ())),
+            faults=tuple(raw.get("faults", ())),
         )
 
     @classmethod
@@ -161,6 +189,8 @@ class Verdict:
         count and first op ids."""
         if self.clean:
             return "CLEAN: no anomaly"
+        if self.outcome == "unfired":
+            return "UNFIRED: " + "; ".join(self.unfired) + " (no anomaly, but the run did not test what it asked)"
         parts = []
         for cls_name, n in self.found().items():
             ops = sorted(self.ops(cls_name))[:3]
@@ -171,7 +201,8 @@ class Verdict:
                 continue
             parts.append(f"{cls_name}={n} [{', '.join(ops)}{more}]")
         if not self.incomplete:
-            return "ANOMALIES: " + "; ".join(parts)
+            also = f"; also unfired: {'; '.join(self.unfired)}" if self.unfired else ""
+            return "ANOMALIES: " + "; ".join(parts) + also
         found = "; found: " + "; ".join(parts) if parts else "; no anomaly among the judged classes"
         unjudged = f"; not judged: {', '.join(self.unjudged)}" if self.unjudged else ""
         return "INCOMPLETE: " + "; ".join(self.incomplete) + unjudged + found

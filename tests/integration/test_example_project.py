@@ -12,6 +12,7 @@ effect table are refused before any worker starts, naming the file, the statemen
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from tests.support import KAFKA, make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "orders-service"
+PIPELINE = REPO / "examples" / "ci" / "pipeline.sh"
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -43,6 +45,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> sub
 def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> None:
     # The environment a user has: no PYTHONPATH, no txchaos variables, not inside the checkout.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TXCHAOS_")}
+    env = {k: v for k, v in env.items() if not k.startswith(("GITHUB_", "GITLAB_", "CI_"))}
     env.pop("VIRTUAL_ENV", None)
     took: dict[str, float] = {}
 
@@ -52,29 +55,22 @@ def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> Non
     (wheel,) = wheels.glob("txchaos-*.whl")
     took["build wheel"] = time.monotonic() - started
 
-    started = time.monotonic()
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 120)
-    python = venv / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", str(wheel)], tmp_path, env, 600)
-    took["install wheel"] = time.monotonic() - started
-
-    started = time.monotonic()
-    _run([str(venv / "bin" / "txchaos"), "install"], tmp_path, env, 900)
-    took["txchaos install"] = time.monotonic() - started
-
     project = tmp_path / "orders-service"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("reports", "__pycache__", "*.egg-info"))
-    junit = tmp_path / "junit.xml"
+    # The CI pipeline of examples/ci, as both YAMLs run it: a fresh virtualenv, the wheel installed
+    # (not editable), `txchaos install`, the team's tests, the Allure report. Started from the folder
+    # above the project, as CI often does: the workers (forked from a server started there) find
+    # the team's package only through the import path pytest gave the test.
+    ci = {**env, "TXCHAOS_PIP_SPEC": str(wheel), "TESTS": str(project), "OUT": "ci", "VENV": "venv"}
     started = time.monotonic()
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    # Started from the folder above the project, as CI often does: the workers (forked from a server
-    # started there) find the team's package only through the import path pytest gave the test.
-    argv = [str(python), "-m", "pytest", str(project), "--txchaos-provider", "local", f"--junitxml={junit}"]
-    proc = _run(argv, tmp_path, env, 600)
-    took["example tests"] = time.monotonic() - started
-    print(", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
-
+    proc = _run(["bash", str(PIPELINE)], tmp_path, ci, 1500)
+    took["pipeline"] = time.monotonic() - started
+    junit = tmp_path / "ci" / "junit.xml"
+    report = tmp_path / "ci" / "allure-report"
+    assert (report / "index.html").is_file(), proc.stdout[-3000:]
+    assert (report / "history" / "history-trend.json").is_file()
+    assert (tmp_path / "ci" / "allure-results" / "categories.json").is_file()
+    assert "no previous report with a history" in proc.stdout
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert set(cases) == {
         "test_naive_handler_places_a_redelivered_order_twice",
@@ -91,6 +87,41 @@ def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> Non
     assert "duplicate-effect=1 [consumer-naive-s0-op00003]" in proc.stdout
     assert "CLEAN" in proc.stdout.split("orders-consumer:consumer-inbox", 1)[1].splitlines()[0]
     assert list((tmp_path / "reports" / "runs").glob("*-orders-naive-s0-*"))
+
+    # The next pipeline takes this report's history (a CI cache holds it between pipelines), and
+    # fails on the tests' exit code: a test that does not hold fails the pipeline.
+    gate = project / "tests" / "test_gate.py"
+    gate.write_text(GATE)
+    nxt = {
+        **ci,
+        "OUT": "ci-2",
+        "PREVIOUS_REPORT": str(report),
+        "TESTS": str(gate),
+        "PYTEST_ARGS": "-p no:cacheprovider",
+    }
+    second = subprocess.run(
+        ["bash", str(PIPELINE)], cwd=tmp_path, env=nxt, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert second.returncode == 1, second.stdout[-4000:] + second.stderr[-2000:]
+    trend = json.loads((tmp_path / "ci-2" / "allure-report" / "history" / "history-trend.json").read_text())
+    assert len(trend) == 2, trend
+    failed = [c for c in ET.parse(tmp_path / "ci-2" / "junit.xml").getroot().iter("testcase") if list(c)]
+    assert [c.get("name") for c in failed] == ["test_gate_catches_the_naive_handler_as_clean"]
+
+
+# A test a team might write by mistake: it asserts the naive handler is clean, so the gate must fail.
+GATE = """
+from harness import Crash, ScenarioSpec, Schema
+
+
+def test_gate_catches_the_naive_handler_as_clean(txchaos_run):
+    spec = ScenarioSpec(
+        name="orders", variant="naive", handler="orders.handlers:place_order_naive",
+        schema=Schema.file("../orders.sql", relative_to=__file__), effect_table="orders", messages=6,
+        crashes=(Crash("after_db_commit", op_index=3),),
+    )
+    assert txchaos_run(spec).verdict.clean
+"""
 
 
 # -- a team's DDL against the stack's Postgres ------------------------------------------------------

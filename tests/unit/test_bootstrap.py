@@ -185,3 +185,22 @@ def _pom(name: str) -> Path:
     from harness import resources
 
     return resources.fixture("jars", name, "pom.xml")
+
+
+def test_the_browser_for_the_report_test_is_found_or_installed_as_root_or_skipped_saying_how(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "chromium"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bootstrap.ensure_browser() == str(fake)
+    fake.unlink()
+    installed: list[str] = []
+    monkeypatch.setattr(bootstrap, "_is_root", lambda: False)
+    monkeypatch.setattr(bootstrap, "_apt_install", installed.append)
+    assert bootstrap.ensure_browser() is None
+    assert "apt-get install -y chromium" in capsys.readouterr().err
+    monkeypatch.setattr(bootstrap, "_is_root", lambda: True)
+    bootstrap.ensure_browser()
+    assert installed == ["chromium"]

@@ -78,3 +78,23 @@ def test_printed_endpoints_keep_the_database_password_out(capsys: pytest.Capture
     out = capsys.readouterr().out
     assert secret not in out
     assert "txchaos:***@127.0.0.1:20001/txchaos" in out
+
+
+def test_report_refuses_a_history_folder_without_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "results").mkdir()
+    assert main(["report", str(tmp_path / "results"), "--history", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no history/ folder" in err
+    assert "Hint: pass the folder of an earlier report" in err
+
+
+def test_the_flagship_takes_the_newest_earlier_report_with_a_history(tmp_path: Path) -> None:
+    from harness.cli import _latest_report
+
+    assert _latest_report(tmp_path / "none") is None
+    for run in ("20260101-000000", "20260102-000000", "20260103-000000"):
+        (tmp_path / run / "allure-report").mkdir(parents=True)
+    for run in ("20260101-000000", "20260102-000000"):  # the newest has no history: it never finished
+        (tmp_path / run / "allure-report" / "history").mkdir()
+        (tmp_path / run / "allure-report" / "history" / "history-trend.json").write_text("[]")
+    assert _latest_report(tmp_path) == tmp_path / "20260102-000000" / "allure-report"

@@ -45,7 +45,8 @@ class Folder:
 class Run:
     """A closed run whose verdict is given: the teardown template is what is under test."""
 
-    def __init__(self, spec: ScenarioSpec, anomalies: dict[str, int]) -> None:
+    def __init__(self, spec: ScenarioSpec, anomalies: dict[str, int], faults: tuple[dict[str, Any], ...] = ()) -> None:
+        self.faults = faults
         self.ledger = Ledger()
         self.ops: list[str] = []
         self.folder = Folder(Path("/tmp/run-x"))
@@ -55,7 +56,7 @@ class Run:
 
     def close(self) -> RunResult:
         self.closed += 1
-        verdict = Verdict(self.anomalies, (), {}, "test", seed=self.spec.seed)
+        verdict = Verdict(self.anomalies, (), {}, "test", seed=self.spec.seed, faults=self.faults)
         return RunResult(self.folder.path, verdict, self.spec)
 
     def duplicate_effects(self) -> list[str]:
@@ -82,17 +83,18 @@ class Toxic:
 class Judged(MachineBase[Run]):
     flows = ("activemq",)
     anomalies: dict[str, int] = {}
+    faults: tuple[dict[str, Any], ...] = ()
     remembered: list[str] = []
 
     def open_session(self, spec: ScenarioSpec) -> Run:
-        return Run(spec, type(self).anomalies)
+        return Run(spec, type(self).anomalies, type(self).faults)
 
     @rule()
     def submit(self) -> None:
         self._step("submit(1)")
 
     def judge(self, result: RunResult) -> str | None:
-        return None if result.verdict.clean else result.verdict.headline()
+        return None if result.verdict.anomaly_free else result.verdict.headline()
 
     def remember(self, message: str, result: RunResult) -> None:
         type(self).remembered.append(message)
@@ -147,6 +149,29 @@ def test_teardown_judges_the_closed_run_and_fails_with_seed_folder_and_steps() -
     assert machine.found_at is not None
     assert machine.found_at[0] == 1
     assert machine.remembered[0].startswith("ANOMALIES: lost=1")
+
+
+UNFIRED = {"type": "crash", "name": "after_db_commit", "fired": False, "why": "crash after_db_commit ... never fired"}
+FIRED = {"type": "crash", "name": "before_ack", "fired": True}
+
+
+def test_a_machine_counts_the_faults_fired_per_example_and_an_unfired_arm_is_no_counterexample() -> None:
+    machine = bind(Judged, _spec(), _endpoints(), "Counting", "-", anomalies={}, faults=(FIRED, UNFIRED))
+    _run(machine, examples=3)
+    assert machine.found_at is None, "an arm the example never reached is not a failure of the flow"
+    assert len(machine.fired) == machine.examples
+    assert set(machine.fired.values()) == {(1, 2)}
+    n = machine.examples
+    assert (
+        machine.fired_summary()
+        == f"faults fired: {n} of {2 * n} requested in {n} examples (0 examples fired none of theirs)"
+    )
+
+
+def test_a_counterexample_says_how_many_of_its_faults_fired() -> None:
+    machine = bind(Judged, _spec(), _endpoints(), "BadCount", "-", anomalies={"lost": 1}, faults=(FIRED,))
+    with pytest.raises(AssertionError, match="faults fired: 1 of 1 requested"):
+        _run(machine)
 
 
 def test_a_clean_run_passes_teardown_and_is_kept_as_the_last_result() -> None:

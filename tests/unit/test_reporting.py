@@ -114,9 +114,10 @@ def _write_run(run_dir: Path) -> Path:
         witnesses=(witness,),
         stats={"ops": 3, "events": 25},
         engine="inprocess",
-        scenario="best-effort-1pc",
+        scenario="best-effort-1pc:naive",
         seed=1234,
         steps=("submit op-b", "crash after_db_commit"),
+        faults=({"type": "crash", "name": "after_db_commit", "op": "op-b", "fired": True, "armed_ns": 1},),
     )
     verdict.write(run_dir / "verdict.json")
     (run_dir / "manifest.json").write_text(json.dumps({"scenario": "best-effort-1pc", "seed": 1234}))
@@ -124,6 +125,7 @@ def _write_run(run_dir: Path) -> Path:
     (run_dir / "logs").mkdir()
     (run_dir / "logs" / "activemq.log").write_text("INFO broker started\n")
     (run_dir / "logs" / "worker-1.log").write_text("x" * (600 * 1024) + "\nlast line\n")
+    (run_dir / "logs" / "worker-2.log").write_text("")  # an empty attachment would open blank: skipped
     return run_dir
 
 
@@ -185,7 +187,17 @@ def test_attach_run_inside_allure_attaches_evidence_and_labels(tmp_path: Path) -
     assert worker_log.startswith("[first ")
     assert worker_log.endswith("last line\n")
     labels = {(label["name"], label["value"]) for label in result["labels"]}
-    assert {("feature", "best-effort-1pc"), ("story", "duplicate-effect"), ("severity", "critical")} <= labels
+    assert {
+        ("feature", "best-effort-1pc"),
+        ("story", "naive"),
+        ("tag", "crash:after_db_commit"),
+        ("anomaly", "duplicate-effect"),
+        ("severity", "critical"),
+    } <= labels
+    assert ("verdict", "ANOMALIES: duplicate-effect=1 [op-b]") in labels
+    assert {"name": "seed", "value": "1234"}.items() <= result["parameters"][0].items()
+    assert "txchaos run best-effort-1pc:naive --seed 1234" in result["description"]
+    assert "faults fired: 1 of 1 requested" in result["description"]
 
 
 def _report_text(index: Path) -> str:
