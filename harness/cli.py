@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.status import Status
 from rich.table import Table
 
-from harness.errors import ConfigError, TxChaosError
+from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
 
 # emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
 console = Console(highlight=False, emoji=False, soft_wrap=True)
@@ -175,9 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             for w in verdict.witnesses[:5]:
                 console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
             if not verdict.clean:
-                # a fault that never fired has its own code (6); anomalies (1) outrank it
-                code = verdict.exit_code if verdict.outcome == "unfired" else 1
-                worst = 1 if 1 in (worst, code) else code
+                # each outcome has its own code; over several runs the one that says least is kept
+                # (incomplete 4: nothing can be known, then anomalies 1, then an unfired fault 6)
+                worst = most_telling(worst, verdict.exit_code)
                 target = (
                     args.scenario.partition(":")[0]
                     if args.scenario.endswith(".py") or ".py:" in args.scenario
@@ -188,6 +188,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if provider is not None:
             provider.stop()
     return worst
+
+
+_RUN_CODE_RANK = (0, EXIT_UNFIRED, 1, EXIT_INCOMPLETE)  # txchaos run's exit codes, least to most telling
+
+
+def most_telling(a: int, b: int) -> int:
+    """Return the exit code of two runs' that a gate must see: incomplete, then anomalies, then unfired."""
+    return max(a, b, key=_RUN_CODE_RANK.index)
 
 
 def _with_spark_verify() -> dict[str, str]:

@@ -98,3 +98,14 @@ def test_the_flagship_takes_the_newest_earlier_report_with_a_history(tmp_path: P
         (tmp_path / run / "allure-report" / "history").mkdir()
         (tmp_path / run / "allure-report" / "history" / "history-trend.json").write_text("[]")
     assert _latest_report(tmp_path) == tmp_path / "20260102-000000" / "allure-report"
+
+
+@pytest.mark.parametrize(("codes", "expected"), [([6, 1], 1), ([1, 4, 6], 4), ([6], 6), ([4, 0], 4), ([0, 0], 0)])
+def test_run_keeps_the_most_telling_exit_code(codes: list[int], expected: int) -> None:
+    # txchaos run over several specs: an incomplete run (4) says the verdict cannot be known, so it
+    # outranks anomalies (1), which outrank a fault that never fired (6)
+    import functools
+
+    from harness import cli
+
+    assert functools.reduce(cli.most_telling, codes, 0) == expected
