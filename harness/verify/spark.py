@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import uuid
-from functools import reduce
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, re
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.paths import cache_root
-from harness.verify import assemble, model
+from harness.verify import assemble, model, sql
 from harness.verify.evidence import gather
 from harness.verify.verdict import Verdict, Witness
 
@@ -193,22 +192,8 @@ def is_kind(*kinds: Kind) -> Column:
 
 
 def to_spark(pred: model.Pred) -> Column:
-    """Translate a model predicate into a Spark Column expression."""
-    if isinstance(pred, model.Cmp):
-        left = F.col(pred.column)
-        right = F.col(pred.value) if isinstance(pred.value, str) else F.lit(pred.value)
-        ops = {
-            "==": lambda: left == right,
-            "!=": lambda: left != right,
-            ">": lambda: left > right,
-            ">=": lambda: left >= right,
-            "<": lambda: left < right,
-            "<=": lambda: left <= right,
-        }
-        col: Column = ops[pred.op]()
-        return col
-    cols = [to_spark(p) for p in pred.parts]
-    return reduce((lambda a, b: a & b) if isinstance(pred, model.AllOf) else (lambda a, b: a | b), cols)
+    """Translate a model predicate into a Spark Column: the SQL text ``sql.predicate`` gives DuckDB too."""
+    return F.expr(sql.predicate(pred))
 
 
 def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
@@ -240,64 +225,17 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, 
 
 
 def per_key_counts(events: DataFrame) -> DataFrame:
-    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``)."""
-    d = F.col("detail")
-    key = F.get_json_object(d, "$.key").alias("k")
-    ver = F.get_json_object(d, "$.version").cast("long").alias("v")
-    flag = {name: F.get_json_object(d, f"$.{name}") == "true" for name in ("tombstone", "deleted")}
-    has_key = F.col("op_id").isNotNull() & F.get_json_object(d, "$.key").isNotNull()
-    applies = events.where(is_kind(Kind.RESIDUE_APPLY) & has_key).select(
-        "op_id", key, ver, flag["tombstone"].alias("t"), F.get_json_object(d, "$.n").cast("long").alias("n")
-    )
-    before = Window.partitionBy("k").orderBy("n", "op_id").rowsBetween(Window.unboundedPreceding, -1)
-    applies = applies.withColumn("prev", F.max("v").over(before)).withColumn(
-        "prev_tomb", F.max(F.when(F.col("t"), F.col("v"))).over(before)
-    )
-    regressions = applies.where(F.col("v") < F.col("prev")).select("op_id", F.lit("regressions").alias("col"))
-    recreated = applies.where(~F.col("t") & (F.col("v") < F.col("prev_tomb"))).select(
-        "op_id", F.lit("resurrections").alias("col")
-    )
-    last = (
-        events.where(is_kind(Kind.SUBMIT) & has_key)
-        .select(key, F.struct(ver, flag["tombstone"].alias("t")).alias("s"))
-        .groupBy("k")
-        .agg(F.max("s").alias("s"))
-        .where(F.col("s.t"))
-        .select("k")
-    )
-    alive = (
-        events.where(is_kind(Kind.RESIDUE_ENTITY) & has_key & ~flag["deleted"])
-        .select("op_id", key)
-        .join(last, "k")
-        .select("op_id", F.lit("resurrections").alias("col"))
-    )
-    facts = regressions.unionByName(recreated).unionByName(alive)
-    return facts.groupBy("op_id").agg(
-        *[F.sum(F.when(F.col("col") == c, 1).otherwise(0)).cast("long").alias(c) for c in model.PER_KEY_COLUMNS]
-    )
+    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view: ``sql.per_key_query``,
+    the query the in-process engine runs."""
+    view = f"ev_{uuid.uuid4().hex[:12]}"
+    events.createOrReplaceTempView(view)
+    return events.sparkSession.sql(sql.per_key_query(view, sql.SPARK))
 
 
 def op_measures(contract: model.FlowContract) -> dict[str, Column]:
-    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too).
-
-    The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0, as in the other engine.
-    """
-    computed = model.summed(contract)
-    ts = F.col("ts_ns")
-    in_span = ~is_kind(*sorted(model.SPAN_EXCLUDED))
-    # a sum of ints is a long in Spark: no cast needed (and a cast would not take a window)
-    measures = {"events": F.count(F.lit(1))}
-    measures |= {n: F.sum(F.when(is_kind(k), 1).otherwise(0)) for n, k in model.COUNTS.items()}
-    measures |= {
-        n: F.sum(F.when(is_kind(k) & (F.col("attempt") > above), 1).otherwise(0))
-        for n, (k, above) in model.ATTEMPT_COUNTS.items()
-    }
-    for n, (k, key) in model.SUMS.items():
-        # a missing field is 0, as in the in-process engine; only that kind's rows parse their detail
-        value = F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))
-        measures[n] = F.sum(F.when(is_kind(k), value).otherwise(0)) if n in computed else F.max(F.lit(0).cast("long"))
-    measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in model.FIRST_TS.items()}
-    return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
+    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too):
+    ``sql.measures``, the text the in-process engine runs."""
+    return {n: F.expr(m) for n, m in sql.measures(contract, sql.SPARK).items()}
 
 
 def summarize(
@@ -309,17 +247,12 @@ def summarize(
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(model.PER_KEY_COLUMNS))
     judged = model.judged_rules(contract, snapshot=snapshot, intact=intact)
-    flags = {cls: f"f{model.ANOMALY_CLASSES.index(cls)}" for cls in judged}
+    flags = {cls: sql.flag_column(cls) for cls in judged}
     for cls, pred in judged.items():
-        summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
+        summary = summary.withColumn(flags[cls], F.expr(f"CASE WHEN {sql.predicate(pred)} THEN 1 ELSE 0 END"))
+    lat_us = F.expr(sql.latency_us(sql.SPARK))
+    summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", F.expr(sql.latency_bucket("lat_us")))
     diff = F.col("downstream_ns") - F.col("submit_ns")
-    lat_us = F.when(diff >= 0, F.expr("(downstream_ns - submit_ns) div 1000"))
-    scale = reduce(
-        lambda acc, bs: acc.when(lat_us < bs[0], bs[1]),
-        model.LATENCY_SCALES[1:],
-        F.when(lat_us < model.LATENCY_SCALES[0][0], model.LATENCY_SCALES[0][1]),
-    ).otherwise(model.LATENCY_TOP_SCALE)
-    summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", lat_us - lat_us % scale)
     return summary.withColumn("skew", F.when(diff < 0, 1).otherwise(0)), flags
 
 
