@@ -39,7 +39,7 @@ from harness.verify.evidence import gather
 from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
 from harness.verify.verdict import Verdict
 
-__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "check_table", "connect"]
+__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "check_table", "connect", "floor_counts"]
 
 # DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
 # process's whole footprint stays under 1 GB at 100M events (docs/benchmarks.md).
@@ -246,6 +246,21 @@ def _verdict(
     return make_verdict(
         agg, witnesses, windows, unmatched, engine="in-process", scenario=scenario, seed=seed, timing=timing
     )
+
+
+def floor_counts(run_dir: Path, contract: FlowContract) -> dict[str, int]:
+    """Return anomaly class -> count from one plain DuckDB query of the rules over ``run_dir``'s ledger.
+
+    The benchmark's floor for this engine: the same summary and rules, with no statistics, fault
+    overlay, writer check or witness chains.
+    """
+    judged = judged_rules(contract)
+    flags = ", ".join(f"sum({sql.flag_column(c)}) AS {sql.flag_column(c)}" for c in judged)
+    with connect() as con:
+        _source(con, run_dir / "ledger")
+        query = sql.summary_query("ev", contract, D, keys="op_id", judged=judged)
+        row = _dicts(con, f"SELECT {flags} FROM ({query}) s")[0]
+    return {c: int(row[sql.flag_column(c)] or 0) for c in judged}
 
 
 def check_table(

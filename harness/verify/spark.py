@@ -64,15 +64,41 @@ def class_archive() -> Path:
     return cache_root() / "spark" / f"driver-{key}.jsa"
 
 
-def _java_options() -> str:
+# The driver's log4j configuration when the CLI is not asked to be verbose: errors only, so a
+# verification prints its verdict and not the JVM's start-up warnings (NativeCodeLoader, the
+# default-profile banner, "Setting default log level").
+QUIET_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def quiet_log_config() -> Path:
+    """Return the errors-only log4j2 file for the driver, written once under the cache."""
+    path = cache_root() / "spark" / "log4j2-quiet.properties"
+    if not path.is_file() or path.read_text() != QUIET_LOG4J:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(QUIET_LOG4J)
+        tmp.replace(path)
+    return path
+
+
+def _java_options(*, verbose: bool = True) -> str:
+    base = JVM_OPTIONS if verbose else f"{JVM_OPTIONS} -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
     dump = os.environ.get(CDS_DUMP_ENV)
     if dump:
-        return f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={dump}"
+        return f"{base} -XX:ArchiveClassesAtExit={dump}"
     archive = class_archive()
     if not archive.is_file():
-        return JVM_OPTIONS
+        return base
     # a stale or foreign archive is ignored by the JVM; its warnings would only be noise
-    return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def build_class_archive(events: int = 100_000) -> Path | None:
@@ -142,8 +168,11 @@ def _warehouse() -> str:
     return path
 
 
-def spark_session(master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g") -> SparkSession:
-    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory.
+def spark_session(
+    master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g", verbose: bool = False
+) -> SparkSession:
+    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory; the JVM
+    logs errors only unless ``verbose``.
 
     Raises ``ConfigError`` for a master URL of the wrong form or with no master answering there.
     """
@@ -158,7 +187,7 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
         .config("spark.sql.shuffle.partitions", str(2 * cores))
         .config("spark.default.parallelism", str(2 * cores))
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", _java_options())
+        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose))
         .config("spark.executor.memory", executor_memory)
         .config("spark.sql.warehouse.dir", _warehouse())
         .config("spark.sql.session.timeZone", "UTC")
@@ -171,6 +200,16 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def bare_start() -> None:
+    """Start a default ``local[*]`` session, run one trivial job and stop: the benchmark's floor for
+    what any PySpark verification pays before it reads a byte."""
+    session = SparkSession.builder.master("local[*]").getOrCreate()
+    try:
+        session.range(1).count()
+    finally:
+        session.stop()
 
 
 def session_alive(session: SparkSession | None) -> bool:
@@ -460,8 +499,10 @@ def check_run(
     seed: int | None = None,
     master: str | None = None,
     spark: SparkSession | None = None,
+    verbose: bool = False,
 ) -> Verdict:
-    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given.
+    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given
+    (its JVM logging errors only unless ``verbose``).
 
     An incomplete or damaged folder gets an ``incomplete`` verdict, as in the in-process engine.
     """
@@ -473,7 +514,7 @@ def check_run(
     # stopped: getOrCreate would hand it back anyway, and stopping it would break its owner.
     active = SparkSession.getActiveSession() if spark is None and master is None else None
     own = spark is None and not session_alive(active)
-    session = spark or (active if active is not None and not own else spark_session(master))
+    session = spark or (active if active is not None and not own else spark_session(master, verbose=verbose))
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:
