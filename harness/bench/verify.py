@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(rows[-1])
     command = "txchaos bench verify " + " ".join(argv if argv is not None else sys.argv[1:])
     body = _markdown(rows, command.strip(), emit_us)
-    console.print(body)
+    sys.stdout.write(body)
     if not args.no_write:
         doc = args.doc.read_text() if args.doc.is_file() else ""
         # the issue-5 section had this benchmark's figures under the old title: replace it in place
