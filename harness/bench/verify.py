@@ -91,12 +91,12 @@ def _run_child(kind: str, run: Path) -> dict[str, Any]:
         return out
 
 
-def cold_cli(run: Path) -> tuple[float, int]:
+def cold_cli(run: Path) -> tuple[float, list[str]]:
     """Return the wall time of ``txchaos verify RUN`` in a new process and the lines it wrote to stderr."""
     wall, proc = _python("import sys; from harness.cli import main; sys.exit(main())", "verify", str(run))
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"txchaos verify {run} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return wall, len(proc.stderr.splitlines())
+    return wall, proc.stderr.splitlines()
 
 
 def bare_pyspark() -> float:
@@ -156,7 +156,8 @@ def bench_size(events: int, work: Path, spark_max: int) -> dict[str, Any]:
         bare_s = bare_pyspark()
         row |= {
             "spark_cold_cli_s": cold_s,
-            "cli_stderr_lines": noise,
+            "cli_stderr_lines": len(noise),
+            "cli_stderr_head": noise[:5],
             "spark_warm_s": sp["job_s"],
             "spark_cold_job_s": sp["cold_job_s"],
             "spark_phases": sp["phases"],
@@ -180,7 +181,7 @@ def _yes(flag: object) -> str:
 def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
     lines = [
         f"Command: `{command}` on this machine ({os.cpu_count()} cores; Spark `local[*]`, driver 2 GiB;"
-        " DuckDB buffer pool 512 MB). Every figure comes from a fresh child process on the same run folder.",
+        " DuckDB buffer pool 384 MB). Every figure comes from a fresh child process on the same run folder.",
         "",
         "- **DuckDB engine**: `checker.check_run` (what `txchaos verify --engine in-process` and every run's"
         " `verdict.json` cost): the job, and the child's peak RSS.",

@@ -43,7 +43,7 @@ __all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "
 
 # DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
 # process's whole footprint stays under 1 GB at 100M events (docs/benchmarks.md).
-MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT = "384MB"
 D = sql.DUCKDB
 WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
 QUOTED_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)  # "offset" is a keyword

@@ -121,7 +121,7 @@ def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None
         spill = con.execute("SELECT current_setting('temp_directory')").fetchone()
         assert limit is not None
         assert spill is not None
-        assert limit[0].replace(" ", "").upper() in ("512.0MIB", "488.2MIB", "512MB", "488.2MB")
+        assert limit[0].replace(" ", "").upper() in ("384.0MIB", "366.2MIB", "384MB", "366.2MB")
         assert Path(spill[0]).is_dir()
     assert not Path(spill[0]).exists()  # removed with the connection
 
