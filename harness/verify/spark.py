@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -66,9 +68,12 @@ def class_archive() -> Path:
 
 # The driver's log4j configuration when the CLI is not asked to be verbose: errors only, so a
 # verification prints its verdict and not the JVM's start-up warnings (NativeCodeLoader, the
-# default-profile banner, "Setting default log level").
+# default-profile banner). PySpark counts as a shell, and a shell whose repl logger has no level of
+# its own is told "Setting default log level to WARN": the repl logger gets the root's level.
 QUIET_LOG4J = """\
 rootLogger.level = error
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -197,9 +202,35 @@ def spark_session(
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
     )
-    session = builder.getOrCreate()
+    if verbose or SparkSession.getActiveSession() is not None:
+        session = builder.getOrCreate()
+    else:
+        with _jvm_stderr_to_log():
+            session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+@contextmanager
+def _jvm_stderr_to_log() -> Iterator[None]:
+    """Give the JVMs started inside the block a log file as their stderr instead of ours.
+
+    The JVM itself prints "WARNING: Using incubator modules" at start, below any log4j setting;
+    the driver inherits our stderr when it is spawned, so it is swapped only for that moment. The
+    file (removed when this process exits) keeps whatever the JVM writes there later; a failing
+    job still raises its error in Python.
+    """
+    fd, path = tempfile.mkstemp(prefix="txchaos-spark-driver-", suffix=".log")
+    atexit.register(lambda: Path(path).unlink(missing_ok=True))
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 def bare_start() -> None:

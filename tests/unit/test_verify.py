@@ -134,6 +134,7 @@ def test_spark_driver_logs_errors_only_unless_verbose(tmp_path: Path, monkeypatc
     config = spark.quiet_log_config()
     assert f"-Dlog4j2.configurationFile={config.as_uri()}" in quiet
     assert "rootLogger.level = error" in config.read_text()
+    assert "logger.repl.level = error" in config.read_text()  # else PySpark, a "shell", announces WARN
     assert "log4j2" not in spark._java_options(verbose=True)
 
 
