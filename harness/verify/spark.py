@@ -50,6 +50,11 @@ SPARK_DDL = ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in PARQUET
 # per-operation overlay of 60 fault windows is one) stay interpreted unless DontCompileHugeMethods
 # is off: the overlay step at 10M events took 11.0 s with it on, 2.3 s off.
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
+# A driver that runs one verification and exits (a cold `txchaos verify`) spends its first job
+# compiling: C2's optimizing compiler competes with the two task threads for the 2 cores and its
+# code arrives after the job is over. C1 only: the 10M-event cold CLI 25.1-26.1 s -> 21.5-21.8 s.
+# A session that runs many jobs (the pytest plugin's, the benchmark's warm one) keeps C2.
+ONE_SHOT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 CDS_DUMP_ENV = "TXCHAOS_SPARK_CDS_DUMP"  # set by build_class_archive for its training run
 
 
@@ -94,8 +99,10 @@ def quiet_log_config() -> Path:
     return path
 
 
-def _java_options(*, verbose: bool = True) -> str:
-    base = JVM_OPTIONS if verbose else f"{JVM_OPTIONS} -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
+def _java_options(*, verbose: bool = True, one_shot: bool = False) -> str:
+    base = f"{JVM_OPTIONS} {ONE_SHOT_JVM_OPTIONS}" if one_shot else JVM_OPTIONS
+    if not verbose:
+        base += f" -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
     dump = os.environ.get(CDS_DUMP_ENV)
     if dump:
         return f"{base} -XX:ArchiveClassesAtExit={dump}"
@@ -174,10 +181,16 @@ def _warehouse() -> str:
 
 
 def spark_session(
-    master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g", verbose: bool = False
+    master: str | None = None,
+    *,
+    driver_memory: str = "2g",
+    executor_memory: str = "1g",
+    verbose: bool = False,
+    one_shot: bool = False,
 ) -> SparkSession:
     """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory; the JVM
-    logs errors only unless ``verbose``.
+    logs errors only unless ``verbose``; ``one_shot``: the session runs one verification and stops
+    (its JVM skips the optimizing compiler, ``ONE_SHOT_JVM_OPTIONS``).
 
     Raises ``ConfigError`` for a master URL of the wrong form or with no master answering there.
     """
@@ -192,7 +205,7 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(2 * cores))
         .config("spark.default.parallelism", str(2 * cores))
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose))
+        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose, one_shot=one_shot))
         .config("spark.executor.memory", executor_memory)
         .config("spark.sql.warehouse.dir", _warehouse())
         .config("spark.sql.session.timeZone", "UTC")
@@ -545,7 +558,12 @@ def check_run(
     # stopped: getOrCreate would hand it back anyway, and stopping it would break its owner.
     active = SparkSession.getActiveSession() if spark is None and master is None else None
     own = spark is None and not session_alive(active)
-    session = spark or (active if active is not None and not own else spark_session(master, verbose=verbose))
+    if spark is not None:
+        session = spark
+    elif not own and active is not None:
+        session = active
+    else:
+        session = spark_session(master, verbose=verbose, one_shot=True)
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:
