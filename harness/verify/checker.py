@@ -61,6 +61,7 @@ def connect(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
             "preserve_insertion_order": False,
         }
         con = duckdb.connect(config=config)
+        con.execute("SET enable_progress_bar = false")  # a verification prints its verdict, not progress
         try:
             yield con
         finally:
