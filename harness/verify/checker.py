@@ -1,20 +1,30 @@
-"""The in-process engine: evaluates ``model.py`` on a ledger table with pyarrow, inside a test."""
+"""The in-process engine: evaluates ``model.py`` on a ledger with DuckDB; the only duckdb importer.
+
+It runs the SQL that ``sql.py`` generates from the model (the text Spark runs too) straight over
+the compacted ledger's Parquet parts, streaming: the events are never loaded whole, only the
+operation summary is kept (in DuckDB's compressed temporary storage, spilled to disk past
+``MEMORY_LIMIT``), so a ledger larger than RAM verifies in bounded memory. A folder with only
+live segments (or an older layout) is read through ``read_ledger`` into Arrow first: those are
+small. Everything after the small aggregates is ``assemble.py``, shared with the Spark engine.
+"""
 
 from __future__ import annotations
 
-import json
+import os
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from harness.ledger.reader import read_ledger
-from harness.ledger.schema import Kind
-from harness.verify import fired
+from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout
+from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
+from harness.ledger.schema import COLUMNS, Kind
+from harness.verify import fired, sql
 from harness.verify.assemble import (
     MAX_OVERLAY_WINDOWS,
     MAX_WITNESS_EVENTS,
@@ -26,224 +36,250 @@ from harness.verify.assemble import (
     pair_fault_windows,
 )
 from harness.verify.evidence import gather
-from harness.verify.model import (
-    ANOMALY_CLASSES,
-    ATTEMPT_COUNTS,
-    COUNTS,
-    DELIVERY_HIST_CAP,
-    FIRST_TS,
-    LATENCY_SCALES,
-    LATENCY_TOP_SCALE,
-    PER_KEY_COLUMNS,
-    SPAN_EXCLUDED,
-    SUMS,
-    AllOf,
-    Cmp,
-    FlowContract,
-    Pred,
-    judged_rules,
-    summed,
-)
+from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
 from harness.verify.verdict import Verdict
 
-__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_run", "check_table", "summarize", "to_arrow"]
+__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "check_table", "connect", "floor_counts"]
 
-I64 = npt.NDArray[np.int64]
+# DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
+# process's whole footprint stays under 1 GB at 100M events (docs/benchmarks.md).
+MEMORY_LIMIT = "384MB"
+D = sql.DUCKDB
+WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
+QUOTED_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)  # "offset" is a keyword
 
 
-def to_arrow(pred: Pred) -> pc.Expression:
-    """Translate a model predicate into a pyarrow compute expression."""
-    if isinstance(pred, Cmp):
-        left = pc.field(pred.column)
-        right = pc.field(pred.value) if isinstance(pred.value, str) else pc.scalar(pred.value)
-        ops = {
-            "==": left == right,
-            "!=": left != right,
-            ">": left > right,
-            ">=": left >= right,
-            "<": left < right,
-            "<=": left <= right,
+@contextmanager
+def connect(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Yield an in-memory DuckDB connection with bounded memory that spills to a temporary folder
+    (removed on exit)."""
+    with tempfile.TemporaryDirectory(prefix="txchaos-duckdb-") as spill:
+        config: dict[str, Any] = {
+            "memory_limit": MEMORY_LIMIT,
+            "temp_directory": spill,
+            "threads": threads or os.cpu_count() or 2,
+            "preserve_insertion_order": False,
         }
-        return ops[pred.op]
-    exprs = [to_arrow(p) for p in pred.parts]
-    out = exprs[0]
-    for e in exprs[1:]:
-        out = (out & e) if isinstance(pred, AllOf) else (out | e)
-    return out
+        con = duckdb.connect(config=config)
+        con.execute("SET enable_progress_bar = false")  # a verification prints its verdict, not progress
+        try:
+            yield con
+        finally:
+            con.close()
 
 
-def summarize(events: pa.Table, contract: FlowContract | None = None) -> pa.Table:
-    """Group events by ``op``: each COUNTS kind counted, SUMS summed (those ``model.summed`` names for
-    ``contract``, the others 0), FIRST_TS minima, the span; one row per op."""
-    computed = summed(contract or FlowContract())
-    with_op = events.filter(pc.is_valid(events["op"]))
-    kind, ts = with_op["kind"], with_op["ts_ns"]
-    cols: dict[str, Any] = {"op": with_op["op"]}
-    for name, k in COUNTS.items():
-        cols[name] = pc.cast(pc.equal(kind, str(k)), pa.int64())
-    for name, (k, above) in ATTEMPT_COUNTS.items():
-        late = pc.fill_null(pc.and_(pc.equal(kind, str(k)), pc.greater(with_op["attempt"], above)), False)
-        cols[name] = pc.cast(late, pa.int64())
-    for name, (k, key) in SUMS.items():
-        values = _detail_ints(with_op, kind, k, key) if name in computed else np.zeros(with_op.num_rows, np.int64)
-        cols[name] = pa.array(values, pa.int64())
-    for name, k in FIRST_TS.items():
-        cols[name] = pc.if_else(pc.equal(kind, str(k)), ts, None)
-    in_span = pc.invert(pc.is_in(kind, value_set=pa.array(sorted(str(k) for k in SPAN_EXCLUDED))))
-    cols["span_ns"] = pc.if_else(in_span, ts, None)
-    aggs = [(n, "sum") for n in [*COUNTS, *ATTEMPT_COUNTS, *SUMS]] + [(n, "min") for n in FIRST_TS]
-    grouped = pa.table(cols).group_by("op").aggregate([*aggs, ("span_ns", "min"), ("span_ns", "max")])
-    rename = {f"{n}_{f}": n for n, f in aggs} | {"span_ns_min": "first_ns", "span_ns_max": "last_ns"}
-    return grouped.rename_columns([rename.get(c, c) for c in grouped.column_names])
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
-def _detail_ints(events: pa.Table, kind: pa.ChunkedArray, k: Kind, key: str) -> I64:
-    """Return, per event, the integer ``detail[key]`` of events of kind ``k`` and 0 for the others."""
-    out = np.zeros(events.num_rows, dtype=np.int64)
-    where = np.flatnonzero(np.asarray(pc.equal(kind, str(k)).to_numpy(zero_copy_only=False)))
-    if where.size:
-        details = events["detail"].take(pa.array(where)).to_pylist()
-        out[where] = [int(json.loads(d or "{}").get(key) or 0) for d in details]
-    return out
+def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> None:
+    """Make the view ``ev``: the compacted Parquet parts when they have the current layout, else
+    ``read_ledger``'s table with the derived columns the SQL reads."""
+    parquet = ledger_dir / PARQUET_NAME
+    layout = read_layout(parquet) if parquet.is_dir() else None
+    if layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION:
+        parts = sorted(str(p) for p in parquet.glob("*.parquet"))
+        if parts:
+            files = "[" + ", ".join(_quote(p) for p in parts) + "]"
+            con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files})")
+            return
+    _register(con, read_ledger(ledger_dir))
 
 
-def per_key_counts(events: pa.Table) -> dict[str, dict[str, int]]:
-    """Return op -> ``PER_KEY_COLUMNS`` counts from the ledger's per-key view (see ``model.py``)."""
-    kinds = pa.array([str(Kind.SUBMIT), str(Kind.RESIDUE_APPLY), str(Kind.RESIDUE_ENTITY)])
-    rows = events.filter(pc.is_in(events["kind"], value_set=kinds)).select(["kind", "op", "detail"]).to_pylist()
-    out: dict[str, dict[str, int]] = {}
-
-    def bump(op: str, col: str) -> None:
-        out.setdefault(op, dict.fromkeys(PER_KEY_COLUMNS, 0))[col] += 1
-
-    last: dict[str, tuple[int, bool]] = {}  # key -> (highest submitted version, is it a tombstone)
-    applies: list[tuple[str, int, str, int, bool]] = []
-    entities: list[tuple[str, str, bool]] = []
-    for r in rows:
-        d = json.loads(r["detail"] or "{}")
-        if "key" not in d or r["op"] is None:
-            continue
-        key, op = str(d["key"]), str(r["op"])
-        if r["kind"] == Kind.SUBMIT:
-            last[key] = max(last.get(key, (-(2**62), False)), (int(d["version"]), bool(d["tombstone"])))
-        elif r["kind"] == Kind.RESIDUE_APPLY:
-            applies.append((key, int(d["n"]), op, int(d["version"]), bool(d["tombstone"])))
-        else:
-            entities.append((key, op, bool(d["deleted"])))
-    seen: dict[str, int] = {}  # key -> highest version applied so far
-    tomb: dict[str, int] = {}  # key -> highest tombstone version applied so far
-    for key, _n, op, version, tombstone in sorted(applies):
-        if key in seen and version < seen[key]:
-            bump(op, "regressions")
-        if not tombstone and key in tomb and version < tomb[key]:
-            bump(op, "resurrections")
-        seen[key] = max(seen.get(key, version), version)
-        if tombstone:
-            tomb[key] = max(tomb.get(key, version), version)
-    for key, op, deleted in entities:
-        if not deleted and last.get(key, (0, False))[1]:
-            bump(op, "resurrections")
-    return out
+def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
+    """Register an Arrow table of ``COLUMNS`` as ``ev``, with ``op_bucket``, ``op_id`` and ``kind_code``."""
+    table = with_op_bucket(events.select(list(COLUMNS)))
+    table = table.append_column("kind_code", kind_codes(table["kind"]))
+    con.register("ev_arrow", table)
+    con.execute("CREATE VIEW ev AS SELECT * FROM ev_arrow")
 
 
-def _with_per_key(summary: pa.Table, events: pa.Table) -> pa.Table:
-    counts = per_key_counts(events)
-    ops = summary["op"].to_pylist()
-    for col in PER_KEY_COLUMNS:
-        summary = summary.append_column(col, pa.array([counts.get(o, {}).get(col, 0) for o in ops], pa.int64()))
-    return summary
+def _dicts(con: duckdb.DuckDBPyConnection, query: str) -> list[dict[str, Any]]:
+    cur = con.execute(query)
+    names = [c[0] for c in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def _np(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> I64:
-    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+def _windows_table(con: duckdb.DuckDBPyConnection, windows: list[FaultWindow]) -> None:
+    rows = ", ".join(f"({i}, {w.start_ns}, {w.end})" for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS]))
+    con.execute("CREATE TEMP TABLE win (i INTEGER, s BIGINT, e BIGINT)")
+    if rows:
+        con.execute(f"INSERT INTO win VALUES {rows}")
 
 
-def _latency_buckets(lat_us: I64) -> I64:
-    scale = np.full(lat_us.shape, LATENCY_TOP_SCALE, dtype=np.int64)
-    for below, s in reversed(LATENCY_SCALES):  # smallest threshold wins, so apply it last
-        scale[lat_us < below] = s
-    return lat_us - lat_us % scale
-
-
-def _hist(values: I64) -> dict[int, int]:
-    keys, counts = np.unique(values, return_counts=True)
-    return {int(k): int(c) for k, c in zip(keys, counts, strict=True)}
-
-
-def _overlap(first: I64, last: I64, valid: npt.NDArray[np.bool_], w: FaultWindow) -> npt.NDArray[np.bool_]:
-    return valid & (first <= w.end) & (last >= w.start_ns)
-
-
-def _writers(events: pa.Table) -> dict[tuple[str, int, str, bool], tuple[int, int, int]]:
-    t = pa.table(
-        {
-            "src": events["src"],
-            "pid": events["pid"],
-            "kind": events["kind"],
-            "has_op": pc.is_valid(events["op"]),
-            "seq": events["seq"],
-        }
+def _aggregates(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> Aggregates:
+    flags = {cls: sql.flag_column(cls) for cls in judged}
+    sums = ", ".join(f"sum({n}) AS {n}" for n in COUNTS)
+    hits = "".join(f", sum({f}) AS {f}" for f in flags.values())
+    top = _dicts(
+        con,
+        f"SELECT count(*) AS ops, {sums}{hits}, sum(redeliveries) AS redeliveries, "
+        "sum(CASE WHEN redeliveries > 0 THEN 1 ELSE 0 END) AS redelivered_ops, max(deliveries) AS max_d, "
+        "sum(greatest(downstream - 1, 0)) AS dup_down, max(lat_us) AS lat_max, sum(skew) AS skew FROM summary",
+    )[0]
+    hist = con.execute(
+        f"SELECT least(deliveries, {DELIVERY_HIST_CAP}) AS h, count(*) FROM summary GROUP BY h"
+    ).fetchall()
+    lat = con.execute("SELECT lat_bucket, count(*) FROM summary WHERE lat_us IS NOT NULL GROUP BY 1").fetchall()
+    _windows_table(con, windows)
+    overlay_rows = _dicts(
+        con,
+        "SELECT w.i AS i, count(*) AS ops, sum(CASE WHEN redeliveries > 0 THEN 1 ELSE 0 END) AS redelivered_ops"
+        f"{hits} FROM summary JOIN win w ON first_ns <= w.e AND last_ns >= w.s GROUP BY w.i",
     )
-    g = t.group_by(["src", "pid", "kind", "has_op"]).aggregate([("seq", "count"), ("seq", "min"), ("seq", "max")])
-    return {
-        (r["src"], r["pid"], r["kind"], r["has_op"]): (r["seq_count"], r["seq_min"], r["seq_max"])
-        for r in g.to_pylist()
+    overlays = {
+        int(r["i"]): {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
+        | {cls: int(r[f]) for cls, f in flags.items()}
+        for r in overlay_rows
     }
+    writers = con.execute(
+        "SELECT src, pid, kind, op IS NOT NULL AS has_op, count(*), min(seq), max(seq) FROM ev GROUP BY ALL"
+    ).fetchall()
 
+    def num(name: str) -> int:
+        return int(top[name] or 0)
 
-def aggregate(events: pa.Table, summary: pa.Table, hits: dict[str, pa.Table], windows: list[FaultWindow]) -> Aggregates:
-    """Return the engine-independent aggregates of a ledger and its operation summary."""
-    d, redelivered = _np(summary["deliveries"]), _np(summary["redeliveries"])
-    sub, down = summary["submit_ns"], summary["downstream_ns"]
-    both = np.asarray(pc.and_(pc.is_valid(sub), pc.is_valid(down)).to_numpy(zero_copy_only=False))
-    diff = (_np(down) - _np(sub))[both]
-    lat_us = diff[diff >= 0] // 1000
-    first, last = _np(summary["first_ns"]), _np(summary["last_ns"])
-    valid = np.asarray(pc.is_valid(summary["first_ns"]).to_numpy(zero_copy_only=False))
-    overlays: dict[int, dict[str, int]] = {}
-    for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS]):
-        mask = _overlap(first, last, valid, w)
-        counts = {"ops": int(mask.sum()), "redelivered_ops": int((mask & (redelivered > 0)).sum())}
-        for cls, h in hits.items():
-            hv = np.asarray(pc.is_valid(h["first_ns"]).to_numpy(zero_copy_only=False))
-            counts[cls] = int(_overlap(_np(h["first_ns"]), _np(h["last_ns"]), hv, w).sum())
-        overlays[i] = counts
     return Aggregates(
-        writers=_writers(events),
-        operations=summary.num_rows,
-        totals={n: int(_np(summary[n]).sum()) for n in COUNTS},
-        anomalies={cls: h.num_rows for cls, h in hits.items()},
-        redeliveries=int(redelivered.sum()),
-        redelivered_ops=int((redelivered > 0).sum()),
-        max_deliveries=int(d.max()) if d.size else 0,
-        duplicate_downstream=int(np.maximum(_np(summary["downstream"]) - 1, 0).sum()),
-        deliveries_hist=_hist(np.minimum(d, DELIVERY_HIST_CAP)),
-        latency_hist=_hist(_latency_buckets(lat_us)),
-        latency_max_us=int(lat_us.max()) if lat_us.size else None,
-        clock_skew_ops=int((diff < 0).sum()),
+        writers={(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in writers},
+        operations=num("ops"),
+        totals={n: num(n) for n in COUNTS},
+        anomalies={cls: num(f) for cls, f in flags.items()},
+        redeliveries=num("redeliveries"),
+        redelivered_ops=num("redelivered_ops"),
+        max_deliveries=num("max_d"),
+        duplicate_downstream=num("dup_down"),
+        deliveries_hist={int(h): int(n) for h, n in sorted(hist)},
+        latency_hist={int(b): int(n) for b, n in sorted(lat)},
+        latency_max_us=None if top["lat_max"] is None else int(top["lat_max"]),
+        clock_skew_ops=num("skew"),
         overlays=overlays,
     )
 
 
-def _chains(events: pa.Table, ops: set[str]) -> dict[str, list[dict[str, Any]]]:
-    chains: dict[str, list[dict[str, Any]]] = {}
-    if ops:
-        mask = pc.is_in(events["op"], value_set=pa.array(sorted(ops), pa.string()))
-        for row in events.filter(mask).to_pylist():
-            chains.setdefault(row["op"], []).append(row)
-    return chains
+def _witnesses(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> tuple[Any, ...]:
+    """Return the first ``MAX_WITNESSES`` (class, op) witnesses in (class, op) order, with their chains.
 
-
-def _fault_rows(events: pa.Table) -> list[dict[str, Any]]:
-    def select(kinds: tuple[Kind, ...]) -> list[dict[str, Any]]:
-        wanted = pa.array([str(k) for k in kinds])
-        rows: list[dict[str, Any]] = (
-            events.filter(pc.is_in(events["kind"], value_set=wanted)).select(list(fired.COLUMNS)).to_pylist()
+    ``op_id`` orders as the operation ids do, so this is the Spark engine's choice too.
+    """
+    picked: list[dict[str, Any]] = []
+    cols = ", ".join(WITNESS_COLUMNS)
+    for cls in ANOMALY_CLASSES:
+        if cls not in judged or len(picked) >= MAX_WITNESSES:
+            continue
+        rows = _dicts(
+            con,
+            f"SELECT op_id, {cols} FROM summary WHERE {sql.flag_column(cls)} = 1 "
+            f"ORDER BY op_id LIMIT {MAX_WITNESSES - len(picked)}",
         )
-        return rows
+        picked += [r | {"anomaly": cls} for r in rows]
+    if not picked:
+        return ()
+    ids = sorted({int(r["op_id"]) for r in picked})
+    # the witnesses' ids bound the scan: Parquet row groups outside [min, max] are skipped
+    events = _dicts(
+        con,
+        f"SELECT op_id, {QUOTED_COLUMNS} FROM ev WHERE op_id BETWEEN {ids[0]} AND {ids[-1]} "
+        f"AND op_id IN ({', '.join(map(str, ids))})",
+    )
+    names: dict[int, str] = {}
+    chains: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        op_id = int(e.pop("op_id"))
+        names[op_id] = e["op"]
+        chains.setdefault(e["op"], []).append(e)
+    flagged = [{k: v for k, v in r.items() if k != "op_id"} | {"op": names[int(r["op_id"])]} for r in picked]
+    return build_witnesses(flagged, chains, windows)
+
+
+def check_events(
+    con: duckdb.DuckDBPyConnection,
+    contract: FlowContract,
+    *,
+    snapshot: bool = True,
+    intact: bool = True,
+    phases: dict[str, float] | None = None,
+) -> tuple[Aggregates, tuple[Any, ...], list[FaultWindow], int, list[dict[str, Any]]]:
+    """Run the reconciliation over the view ``ev``; return aggregates, witnesses, windows, unmatched
+    fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds."""
+    phases = {} if phases is None else phases
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(now - clock, 3)
+        clock = now
+
+    fault_rows = _fault_rows(con)
+    windows, unmatched = pair_fault_windows(fault_rows)
+    lap("faults_s")
+    judged = judged_rules(contract, snapshot=snapshot, intact=intact)
+    per_key = ""
+    if contract.per_key:
+        con.execute(f"CREATE TEMP TABLE per_key AS {sql.per_key_query('ev', D)}")
+        per_key = "per_key"
+    con.execute(
+        "CREATE TEMP TABLE summary AS "
+        + sql.summary_query("ev", contract, D, keys="op_id", judged=judged, per_key=per_key)
+    )
+    lap("summary_s")
+    agg = _aggregates(con, list(judged), windows)
+    lap("aggregates_s")
+    witnesses = _witnesses(con, list(judged), windows)
+    lap("chains_s")
+    return agg, witnesses, windows, unmatched, fault_rows
+
+
+def _fault_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    cols = ", ".join(fired.COLUMNS)
+
+    def select(kinds: tuple[Kind, ...]) -> list[dict[str, Any]]:
+        return _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}")
 
     rows = select(fired.REQUESTS)  # fault windows and arms; their firings only when something was armed
     return rows + select(fired.FIRINGS) if fired.armed(rows) else rows
+
+
+def _verdict(
+    con: duckdb.DuckDBPyConnection,
+    contract: FlowContract,
+    scenario: str,
+    seed: int | None,
+    snapshot: bool,
+    intact: bool,
+) -> Verdict:
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    agg, witnesses, windows, unmatched, fault_rows = check_events(
+        con, contract, snapshot=snapshot, intact=intact, phases=phases
+    )
+    timing = {"job_s": round(time.perf_counter() - started, 4), **phases}
+    return make_verdict(
+        agg,
+        witnesses,
+        windows,
+        unmatched,
+        engine="in-process",
+        scenario=scenario,
+        seed=seed,
+        timing=timing,
+        fault_rows=fault_rows,
+    )
+
+
+def floor_counts(run_dir: Path, contract: FlowContract) -> dict[str, int]:
+    """Return anomaly class -> count from one plain DuckDB query of the rules over ``run_dir``'s ledger.
+
+    The benchmark's floor for this engine: the same summary and rules, with no statistics, fault
+    overlay, writer check or witness chains.
+    """
+    judged = judged_rules(contract)
+    flags = ", ".join(f"sum({sql.flag_column(c)}) AS {sql.flag_column(c)}" for c in judged)
+    with connect() as con:
+        _source(con, run_dir / "ledger")
+        query = sql.summary_query("ev", contract, D, keys="op_id", judged=judged)
+        row = _dicts(con, f"SELECT {flags} FROM ({query}) s")[0]
+    return {c: int(row[sql.flag_column(c)] or 0) for c in judged}
 
 
 def check_table(
@@ -256,40 +292,16 @@ def check_table(
     intact: bool = True,
 ) -> Verdict:
     """Return the verdict for a ledger table, judging the classes ``model.judged_rules`` allows."""
-    started = time.perf_counter()
-    fault_rows = _fault_rows(events)
-    windows, unmatched = pair_fault_windows(fault_rows)
-    summary = summarize(events, contract)
-    if contract.per_key:
-        summary = _with_per_key(summary, events)
-    judged = judged_rules(contract, snapshot=snapshot, intact=intact)
-    hits = {cls: summary.filter(to_arrow(pred)) for cls, pred in judged.items()}
-    flagged: list[dict[str, Any]] = []
-    for cls in ANOMALY_CLASSES:
-        if cls in hits and len(flagged) < MAX_WITNESSES:
-            top = hits[cls].sort_by("op").slice(0, MAX_WITNESSES - len(flagged))
-            flagged += [row | {"anomaly": cls} for row in top.to_pylist()]
-    chains = _chains(events, {row["op"] for row in flagged})
-    agg = aggregate(events, summary, hits, windows)
-    return make_verdict(
-        agg,
-        build_witnesses(flagged, chains, windows),
-        windows,
-        unmatched,
-        engine="in-process",
-        scenario=scenario,
-        seed=seed,
-        timing={"job_s": round(time.perf_counter() - started, 4)},
-        fault_rows=fault_rows,
-    )
+    with connect() as con:
+        _register(con, events)
+        return _verdict(con, contract, scenario, seed, snapshot, intact)
 
 
 def check_run(run_dir: Path, contract: FlowContract, *, scenario: str = "", seed: int | None = None) -> Verdict:
     """Return the verdict for the ledger in ``run_dir/ledger``; an incomplete or damaged folder gets an
     ``incomplete`` verdict that judges only what its evidence can decide (see ``evidence.py``)."""
     evidence = gather(run_dir)
-    events = read_ledger(run_dir / "ledger")
-    verdict = check_table(
-        events, contract, scenario=scenario, seed=seed, snapshot=evidence.closed, intact=evidence.intact
-    )
+    with connect() as con:
+        _source(con, run_dir / "ledger")
+        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact)
     return evidence.apply(verdict, contract)

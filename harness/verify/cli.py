@@ -104,11 +104,11 @@ def contract_of(run_dir: Path) -> FlowContract:
         raise ConfigError(f"{manifest}: bad contract {raw} ({exc})", hint=f"the fields are {sorted(known)}") from None
 
 
-def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = None) -> Verdict:
+def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = None, verbose: bool = False) -> Verdict:
     """Verify one run folder with the chosen engine and write its verdict (``VERDICT_FILES``).
 
     The manifest is required: it holds the flow contract. An interrupted or damaged folder gets a
-    verdict whose outcome is ``incomplete``.
+    verdict whose outcome is ``incomplete``. ``verbose``: the Spark driver's JVM logs its warnings.
     """
     if not run_dir.is_dir():
         raise ConfigError(
@@ -130,7 +130,7 @@ def verify_run(run_dir: Path, *, engine: str = "spark", master: str | None = Non
     if engine == "spark":
         from harness.verify import spark  # starts a JVM: import only when asked
 
-        verdict = spark.check_run(run_dir, contract, scenario=scenario, seed=seed, master=master)
+        verdict = spark.check_run(run_dir, contract, scenario=scenario, seed=seed, master=master, verbose=verbose)
     else:
         from harness.verify import checker
 
@@ -153,9 +153,10 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--engine", choices=("spark", "in-process"), default="spark")
     parser.add_argument("--master", default=None, help="Spark master URL (default local[*]), e.g. spark://host:7077")
+    parser.add_argument("--verbose", action="store_true", help="show the Spark JVM's log (warnings included)")
     args = parser.parse_args(argv)
     try:
-        verdict = verify_run(args.run_dir, engine=args.engine, master=args.master)
+        verdict = verify_run(args.run_dir, engine=args.engine, master=args.master, verbose=args.verbose)
     except TxChaosError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code

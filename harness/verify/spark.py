@@ -19,7 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
-from functools import reduce
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, re
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.paths import cache_root
-from harness.verify import assemble, fired, model
+from harness.verify import assemble, fired, model, sql
 from harness.verify.evidence import gather
 from harness.verify.verdict import Verdict, Witness
 
@@ -49,6 +50,11 @@ SPARK_DDL = ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in PARQUET
 # per-operation overlay of 60 fault windows is one) stay interpreted unless DontCompileHugeMethods
 # is off: the overlay step at 10M events took 11.0 s with it on, 2.3 s off.
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
+# A driver that runs one verification and exits (a cold `txchaos verify`) spends its first job
+# compiling: C2's optimizing compiler competes with the two task threads for the 2 cores and its
+# code arrives after the job is over. C1 only: the 10M-event cold CLI 25.1-26.1 s -> 21.5-21.8 s.
+# A session that runs many jobs (the pytest plugin's, the benchmark's warm one) keeps C2.
+ONE_SHOT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 CDS_DUMP_ENV = "TXCHAOS_SPARK_CDS_DUMP"  # set by build_class_archive for its training run
 
 
@@ -65,15 +71,46 @@ def class_archive() -> Path:
     return cache_root() / "spark" / f"driver-{key}.jsa"
 
 
-def _java_options() -> str:
+# The driver's log4j configuration when the CLI is not asked to be verbose: errors only, so a
+# verification prints its verdict and not the JVM's start-up warnings (NativeCodeLoader, the
+# default-profile banner). PySpark counts as a shell, and a shell whose repl logger has no level of
+# its own is told "Setting default log level to WARN": the repl logger gets the root's level.
+QUIET_LOG4J = """\
+rootLogger.level = error
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def quiet_log_config() -> Path:
+    """Return the errors-only log4j2 file for the driver, written once under the cache."""
+    path = cache_root() / "spark" / "log4j2-quiet.properties"
+    if not path.is_file() or path.read_text() != QUIET_LOG4J:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(QUIET_LOG4J)
+        tmp.replace(path)
+    return path
+
+
+def _java_options(*, verbose: bool = True, one_shot: bool = False) -> str:
+    base = f"{JVM_OPTIONS} {ONE_SHOT_JVM_OPTIONS}" if one_shot else JVM_OPTIONS
+    if not verbose:
+        base += f" -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
     dump = os.environ.get(CDS_DUMP_ENV)
     if dump:
-        return f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={dump}"
+        return f"{base} -XX:ArchiveClassesAtExit={dump}"
     archive = class_archive()
     if not archive.is_file():
-        return JVM_OPTIONS
+        return base
     # a stale or foreign archive is ignored by the JVM; its warnings would only be noise
-    return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def build_class_archive(events: int = 100_000) -> Path | None:
@@ -143,8 +180,17 @@ def _warehouse() -> str:
     return path
 
 
-def spark_session(master: str | None = None, *, driver_memory: str = "2g", executor_memory: str = "1g") -> SparkSession:
-    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory.
+def spark_session(
+    master: str | None = None,
+    *,
+    driver_memory: str = "2g",
+    executor_memory: str = "1g",
+    verbose: bool = False,
+    one_shot: bool = False,
+) -> SparkSession:
+    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory; the JVM
+    logs errors only unless ``verbose``; ``one_shot``: the session runs one verification and stops
+    (its JVM skips the optimizing compiler, ``ONE_SHOT_JVM_OPTIONS``).
 
     Raises ``ConfigError`` for a master URL of the wrong form or with no master answering there.
     """
@@ -159,7 +205,7 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
         .config("spark.sql.shuffle.partitions", str(2 * cores))
         .config("spark.default.parallelism", str(2 * cores))
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", _java_options())
+        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose, one_shot=one_shot))
         .config("spark.executor.memory", executor_memory)
         .config("spark.sql.warehouse.dir", _warehouse())
         .config("spark.sql.session.timeZone", "UTC")
@@ -169,9 +215,45 @@ def spark_session(master: str | None = None, *, driver_memory: str = "2g", execu
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
     )
-    session = builder.getOrCreate()
+    if verbose or SparkSession.getActiveSession() is not None:
+        session = builder.getOrCreate()
+    else:
+        with _jvm_stderr_to_log():
+            session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+@contextmanager
+def _jvm_stderr_to_log() -> Iterator[None]:
+    """Give the JVMs started inside the block a log file as their stderr instead of ours.
+
+    The JVM itself prints "WARNING: Using incubator modules" at start, below any log4j setting;
+    the driver inherits our stderr when it is spawned, so it is swapped only for that moment. The
+    file (removed when this process exits) keeps whatever the JVM writes there later; a failing
+    job still raises its error in Python.
+    """
+    fd, path = tempfile.mkstemp(prefix="txchaos-spark-driver-", suffix=".log")
+    atexit.register(lambda: Path(path).unlink(missing_ok=True))
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def bare_start() -> None:
+    """Start a default ``local[*]`` session, run one trivial job and stop: the benchmark's floor for
+    what any PySpark verification pays before it reads a byte."""
+    session = SparkSession.builder.master("local[*]").getOrCreate()
+    try:
+        session.range(1).count()
+    finally:
+        session.stop()
 
 
 def session_alive(session: SparkSession | None) -> bool:
@@ -193,22 +275,8 @@ def is_kind(*kinds: Kind) -> Column:
 
 
 def to_spark(pred: model.Pred) -> Column:
-    """Translate a model predicate into a Spark Column expression."""
-    if isinstance(pred, model.Cmp):
-        left = F.col(pred.column)
-        right = F.col(pred.value) if isinstance(pred.value, str) else F.lit(pred.value)
-        ops = {
-            "==": lambda: left == right,
-            "!=": lambda: left != right,
-            ">": lambda: left > right,
-            ">=": lambda: left >= right,
-            "<": lambda: left < right,
-            "<=": lambda: left <= right,
-        }
-        col: Column = ops[pred.op]()
-        return col
-    cols = [to_spark(p) for p in pred.parts]
-    return reduce((lambda a, b: a & b) if isinstance(pred, model.AllOf) else (lambda a, b: a | b), cols)
+    """Translate a model predicate into a Spark Column: the SQL text ``sql.predicate`` gives DuckDB too."""
+    return F.expr(sql.predicate(pred))
 
 
 def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
@@ -240,64 +308,17 @@ def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, 
 
 
 def per_key_counts(events: DataFrame) -> DataFrame:
-    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``)."""
-    d = F.col("detail")
-    key = F.get_json_object(d, "$.key").alias("k")
-    ver = F.get_json_object(d, "$.version").cast("long").alias("v")
-    flag = {name: F.get_json_object(d, f"$.{name}") == "true" for name in ("tombstone", "deleted")}
-    has_key = F.col("op_id").isNotNull() & F.get_json_object(d, "$.key").isNotNull()
-    applies = events.where(is_kind(Kind.RESIDUE_APPLY) & has_key).select(
-        "op_id", key, ver, flag["tombstone"].alias("t"), F.get_json_object(d, "$.n").cast("long").alias("n")
-    )
-    before = Window.partitionBy("k").orderBy("n", "op_id").rowsBetween(Window.unboundedPreceding, -1)
-    applies = applies.withColumn("prev", F.max("v").over(before)).withColumn(
-        "prev_tomb", F.max(F.when(F.col("t"), F.col("v"))).over(before)
-    )
-    regressions = applies.where(F.col("v") < F.col("prev")).select("op_id", F.lit("regressions").alias("col"))
-    recreated = applies.where(~F.col("t") & (F.col("v") < F.col("prev_tomb"))).select(
-        "op_id", F.lit("resurrections").alias("col")
-    )
-    last = (
-        events.where(is_kind(Kind.SUBMIT) & has_key)
-        .select(key, F.struct(ver, flag["tombstone"].alias("t")).alias("s"))
-        .groupBy("k")
-        .agg(F.max("s").alias("s"))
-        .where(F.col("s.t"))
-        .select("k")
-    )
-    alive = (
-        events.where(is_kind(Kind.RESIDUE_ENTITY) & has_key & ~flag["deleted"])
-        .select("op_id", key)
-        .join(last, "k")
-        .select("op_id", F.lit("resurrections").alias("col"))
-    )
-    facts = regressions.unionByName(recreated).unionByName(alive)
-    return facts.groupBy("op_id").agg(
-        *[F.sum(F.when(F.col("col") == c, 1).otherwise(0)).cast("long").alias(c) for c in model.PER_KEY_COLUMNS]
-    )
+    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view: ``sql.per_key_query``,
+    the query the in-process engine runs."""
+    view = f"ev_{uuid.uuid4().hex[:12]}"
+    events.createOrReplaceTempView(view)
+    return events.sparkSession.sql(sql.per_key_query(view, sql.SPARK))
 
 
 def op_measures(contract: model.FlowContract) -> dict[str, Column]:
-    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too).
-
-    The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0, as in the other engine.
-    """
-    computed = model.summed(contract)
-    ts = F.col("ts_ns")
-    in_span = ~is_kind(*sorted(model.SPAN_EXCLUDED))
-    # a sum of ints is a long in Spark: no cast needed (and a cast would not take a window)
-    measures = {"events": F.count(F.lit(1))}
-    measures |= {n: F.sum(F.when(is_kind(k), 1).otherwise(0)) for n, k in model.COUNTS.items()}
-    measures |= {
-        n: F.sum(F.when(is_kind(k) & (F.col("attempt") > above), 1).otherwise(0))
-        for n, (k, above) in model.ATTEMPT_COUNTS.items()
-    }
-    for n, (k, key) in model.SUMS.items():
-        # a missing field is 0, as in the in-process engine; only that kind's rows parse their detail
-        value = F.coalesce(F.get_json_object("detail", f"$.{key}").cast("long"), F.lit(0))
-        measures[n] = F.sum(F.when(is_kind(k), value).otherwise(0)) if n in computed else F.max(F.lit(0).cast("long"))
-    measures |= {n: F.min(F.when(is_kind(k), ts)) for n, k in model.FIRST_TS.items()}
-    return measures | {"first_ns": F.min(F.when(in_span, ts)), "last_ns": F.max(F.when(in_span, ts))}
+    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too):
+    ``sql.measures``, the text the in-process engine runs."""
+    return {n: F.expr(m) for n, m in sql.measures(contract, sql.SPARK).items()}
 
 
 def summarize(
@@ -309,17 +330,12 @@ def summarize(
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(model.PER_KEY_COLUMNS))
     judged = model.judged_rules(contract, snapshot=snapshot, intact=intact)
-    flags = {cls: f"f{model.ANOMALY_CLASSES.index(cls)}" for cls in judged}
+    flags = {cls: sql.flag_column(cls) for cls in judged}
     for cls, pred in judged.items():
-        summary = summary.withColumn(flags[cls], F.when(to_spark(pred), 1).otherwise(0))
+        summary = summary.withColumn(flags[cls], F.expr(f"CASE WHEN {sql.predicate(pred)} THEN 1 ELSE 0 END"))
+    lat_us = F.expr(sql.latency_us(sql.SPARK))
+    summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", F.expr(sql.latency_bucket("lat_us")))
     diff = F.col("downstream_ns") - F.col("submit_ns")
-    lat_us = F.when(diff >= 0, F.expr("(downstream_ns - submit_ns) div 1000"))
-    scale = reduce(
-        lambda acc, bs: acc.when(lat_us < bs[0], bs[1]),
-        model.LATENCY_SCALES[1:],
-        F.when(lat_us < model.LATENCY_SCALES[0][0], model.LATENCY_SCALES[0][1]),
-    ).otherwise(model.LATENCY_TOP_SCALE)
-    summary = summary.withColumn("lat_us", lat_us).withColumn("lat_bucket", lat_us - lat_us % scale)
     return summary.withColumn("skew", F.when(diff < 0, 1).otherwise(0)), flags
 
 
@@ -526,8 +542,10 @@ def check_run(
     seed: int | None = None,
     master: str | None = None,
     spark: SparkSession | None = None,
+    verbose: bool = False,
 ) -> Verdict:
-    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given.
+    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given
+    (its JVM logging errors only unless ``verbose``).
 
     An incomplete or damaged folder gets an ``incomplete`` verdict, as in the in-process engine.
     """
@@ -539,7 +557,12 @@ def check_run(
     # stopped: getOrCreate would hand it back anyway, and stopping it would break its owner.
     active = SparkSession.getActiveSession() if spark is None and master is None else None
     own = spark is None and not session_alive(active)
-    session = spark or (active if active is not None and not own else spark_session(master))
+    if spark is not None:
+        session = spark
+    elif not own and active is not None:
+        session = active
+    else:
+        session = spark_session(master, verbose=verbose, one_shot=True)
     t1 = time.perf_counter()
     phases: dict[str, float] = {}
     try:

@@ -15,6 +15,7 @@ ADAPTERS = {
     "confluent_kafka": {"harness/clients/kafka/"},  # a package: admin, group, reader, records
     "toxiproxy": {"harness/clients/toxiproxy.py"},
     "pyspark": {"harness/verify/spark.py"},
+    "duckdb": {"harness/verify/checker.py"},
     "allure": {"harness/reporting/allure.py"},
     "matplotlib": {"harness/reporting/plots.py"},
     "docker": {"harness/stack/docker.py"},

@@ -10,6 +10,7 @@ import pytest
 from harness.ledger.schema import Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
+from harness.verify import checker
 from harness.verify.assemble import compare_verdicts, pair_fault_windows, percentiles
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of, synth_main, verify_main
@@ -103,6 +104,41 @@ def test_synth_ground_truth_is_what_the_checker_finds(tmp_path: Path) -> None:
     v = check_run(run, contract_of(run))  # the synthetic flow promises one output and a net of zero
     assert v.found() == {k: n for k, n in truth.items() if n}
     assert v.stats["seq_missing"] == 0
+
+
+def test_the_benchmark_floor_counts_what_the_engine_finds(tmp_path: Path) -> None:
+    # the floor is the same SQL summary and rules without the rest: it must count the same anomalies
+    run = synth_run(tmp_path / "r", 100_000, seed=5, anomaly_rate=0.01)
+    truth = {k: n for k, n in json.loads((run / "manifest.json").read_text())["ground_truth"].items() if n}
+    floor = checker.floor_counts(run, contract_of(run))
+    assert {k: n for k, n in floor.items() if n} == truth == check_run(run, contract_of(run)).found()
+
+
+def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None:
+    # the buffer pool is bounded: a summary past it goes to the temporary folder, not to RSS
+    with checker.connect() as con:
+        limit = con.execute("SELECT current_setting('memory_limit')").fetchone()
+        spill = con.execute("SELECT current_setting('temp_directory')").fetchone()
+        assert limit is not None
+        assert spill is not None
+        assert limit[0].replace(" ", "").upper() in ("384.0MIB", "366.2MIB", "384MB", "366.2MB")
+        assert Path(spill[0]).is_dir()
+    assert not Path(spill[0]).exists()  # removed with the connection
+
+
+def test_spark_driver_logs_errors_only_unless_verbose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.verify import spark
+
+    monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
+    quiet = spark._java_options(verbose=False)
+    config = spark.quiet_log_config()
+    assert f"-Dlog4j2.configurationFile={config.as_uri()}" in quiet
+    assert "rootLogger.level = error" in config.read_text()
+    assert "logger.repl.level = error" in config.read_text()  # else PySpark, a "shell", announces WARN
+    assert "log4j2" not in spark._java_options(verbose=True)
+    # only a driver that runs one verification skips the optimizing compiler
+    assert spark.ONE_SHOT_JVM_OPTIONS in spark._java_options(one_shot=True)
+    assert spark.ONE_SHOT_JVM_OPTIONS not in spark._java_options()
 
 
 def test_verify_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

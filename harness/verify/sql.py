@@ -1,0 +1,156 @@
+"""The verification model as SQL text, generated once from ``model.py`` for both engines.
+
+DuckDB (``checker.py``) and Spark SQL (``spark.py``) run the very same expressions: the
+per-operation measures of the summary, each anomaly rule, the latency bucket and the per-key
+facts. The two dialects differ only in how they read an integer out of the JSON ``detail`` and in
+integer division (``Dialect``), so a rule changed in ``model.py`` changes in both engines at once
+and they cannot drift. Every expression tests the integer ``kind_code`` (``ledger/layout.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.ledger.layout import KIND_CODES
+from harness.ledger.schema import Kind
+from harness.verify import model
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the engines' SQL: JSON field access and integer division."""
+
+    name: str
+    json_text: str  # format with (column, field): the field as text, null when absent
+    int_div: str  # format with (a, b): a / b rounded toward zero, as an integer
+
+
+DUCKDB = Dialect("duckdb", "json_extract_string({0}, '$.{1}')", "({0} // {1})")
+SPARK = Dialect("spark", "get_json_object({0}, '$.{1}')", "({0} div {1})")
+
+_SQL_OPS = {"==": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
+
+
+def is_kind(*kinds: Kind) -> str:
+    """Return ``kind in kinds`` as a test of the integer ``kind_code``."""
+    codes = [str(KIND_CODES[str(k)]) for k in kinds]
+    return f"kind_code = {codes[0]}" if len(codes) == 1 else f"kind_code IN ({', '.join(codes)})"
+
+
+def predicate(pred: model.Pred) -> str:
+    """Translate a model predicate into a SQL boolean over the summary's columns."""
+    if isinstance(pred, model.Cmp):
+        return f"{pred.column} {_SQL_OPS[pred.op]} {pred.value}"
+    joiner = " AND " if isinstance(pred, model.AllOf) else " OR "
+    return "(" + joiner.join(predicate(p) for p in pred.parts) + ")"
+
+
+def json_int(d: Dialect, field: str, column: str = "detail") -> str:
+    """Return the integer ``column.field`` (null when absent or not a number)."""
+    return f"CAST({d.json_text.format(column, field)} AS BIGINT)"
+
+
+def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
+    """Return summary column -> its aggregate over one operation's events (also usable as a window).
+
+    The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0 in both engines.
+    """
+    computed = model.summed(contract)
+    out = {"events": "count(1)"}
+    out |= {n: f"sum(CASE WHEN {is_kind(k)} THEN 1 ELSE 0 END)" for n, k in model.COUNTS.items()}
+    out |= {
+        n: f"sum(CASE WHEN {is_kind(k)} AND attempt > {above} THEN 1 ELSE 0 END)"
+        for n, (k, above) in model.ATTEMPT_COUNTS.items()
+    }
+    for n, (k, key) in model.SUMS.items():
+        # a missing field is 0; only that kind's rows parse their detail
+        value = f"coalesce({json_int(d, key)}, 0)"
+        out[n] = f"sum(CASE WHEN {is_kind(k)} THEN {value} ELSE 0 END)" if n in computed else "max(CAST(0 AS BIGINT))"
+    out |= {n: f"min(CASE WHEN {is_kind(k)} THEN ts_ns END)" for n, k in model.FIRST_TS.items()}
+    in_span = f"NOT ({is_kind(*sorted(model.SPAN_EXCLUDED))})"
+    return out | {
+        "first_ns": f"min(CASE WHEN {in_span} THEN ts_ns END)",
+        "last_ns": f"max(CASE WHEN {in_span} THEN ts_ns END)",
+    }
+
+
+def latency_us(d: Dialect) -> str:
+    """Return submit -> first downstream in microseconds over the summary (null if negative or unknown)."""
+    return f"CASE WHEN downstream_ns - submit_ns >= 0 THEN {d.int_div.format('downstream_ns - submit_ns', 1000)} END"
+
+
+def latency_bucket(lat: str) -> str:
+    """Return ``lat`` (us) rounded down to three significant digits (``model.latency_bucket_us``)."""
+    whens = " ".join(f"WHEN {lat} < {below} THEN {scale}" for below, scale in model.LATENCY_SCALES)
+    return f"({lat} - {lat} % (CASE {whens} ELSE {model.LATENCY_TOP_SCALE} END))"
+
+
+def flag_column(cls: str) -> str:
+    """Return the summary's 0/1 column for an anomaly class."""
+    return f"f{model.ANOMALY_CLASSES.index(cls)}"
+
+
+def summary_query(
+    events: str,
+    contract: model.FlowContract,
+    d: Dialect,
+    *,
+    keys: str,
+    judged: dict[str, model.Pred],
+    per_key: str = "",
+) -> str:
+    """Return the operation summary: one row per operation of ``events`` grouped by ``keys``, its
+    measures, a 0/1 flag per judged class, ``lat_us``, ``lat_bucket`` and ``skew``.
+
+    ``per_key`` names a relation of (op_id, ``model.PER_KEY_COLUMNS``...) to join (a per-key contract).
+    """
+    aggs = ", ".join(f"{m} AS {n}" for n, m in measures(contract, d).items())
+    base = f"SELECT {keys}, {aggs} FROM {events} WHERE op_id IS NOT NULL GROUP BY {keys}"
+    if per_key:
+        cols = ", ".join(f"coalesce(k.{c}, 0) AS {c}" for c in model.PER_KEY_COLUMNS)
+        base = f"SELECT s.*, {cols} FROM ({base}) s LEFT JOIN {per_key} k ON s.op_id = k.op_id"
+    flags = "".join(f", CASE WHEN {predicate(p)} THEN 1 ELSE 0 END AS {flag_column(c)}" for c, p in judged.items())
+    lat = latency_us(d)
+    return (
+        f"SELECT *{flags}, {lat} AS lat_us, {latency_bucket(lat)} AS lat_bucket, "
+        f"CASE WHEN downstream_ns - submit_ns < 0 THEN 1 ELSE 0 END AS skew FROM ({base}) b"
+    )
+
+
+def per_key_query(events: str, d: Dialect) -> str:
+    """Return (op_id, ``model.PER_KEY_COLUMNS``...) from the ledger's per-key view (see ``model.py``).
+
+    Regressions and re-creations compare each applied row with the rows the replica applied before
+    it for the same key (journal order ``n``); a live replica row counts when the key's highest
+    submitted version is a tombstone (version * 2 + tombstone orders as (version, tombstone)).
+    """
+    key, ver, n = d.json_text.format("detail", "key"), json_int(d, "version"), json_int(d, "n")
+    tombstone = f"({d.json_text.format('detail', 'tombstone')} = 'true')"
+    has_key = f"op_id IS NOT NULL AND {key} IS NOT NULL"
+    before = "PARTITION BY k ORDER BY n, op_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
+    applies = (
+        f"SELECT op_id, {key} AS k, {ver} AS v, {tombstone} AS t, {n} AS n "
+        f"FROM {events} WHERE {is_kind(Kind.RESIDUE_APPLY)} AND {has_key}"
+    )
+    ordered = (
+        f"SELECT op_id, v, t, max(v) OVER ({before}) AS prev, "
+        f"max(CASE WHEN t THEN v END) OVER ({before}) AS prev_tomb FROM ({applies}) a"
+    )
+    last = (
+        f"SELECT {key} AS k FROM {events} WHERE {is_kind(Kind.SUBMIT)} AND {has_key} "
+        f"GROUP BY {key} HAVING max({ver} * 2 + CASE WHEN {tombstone} THEN 1 ELSE 0 END) % 2 = 1"
+    )
+    e_key, e_deleted = d.json_text.format("e.detail", "key"), f"({d.json_text.format('e.detail', 'deleted')} = 'true')"
+    alive = (
+        f"SELECT e.op_id, 'resurrections' AS col FROM {events} e JOIN ({last}) l ON {e_key} = l.k "
+        f"WHERE e.{is_kind(Kind.RESIDUE_ENTITY)} AND e.op_id IS NOT NULL AND NOT {e_deleted}"
+    )
+    facts = (
+        f"SELECT op_id, 'regressions' AS col FROM ({ordered}) o WHERE v < prev "
+        f"UNION ALL SELECT op_id, 'resurrections' AS col FROM ({ordered}) o WHERE NOT t AND v < prev_tomb "
+        f"UNION ALL {alive}"
+    )
+    sums = ", ".join(
+        f"CAST(sum(CASE WHEN col = '{c}' THEN 1 ELSE 0 END) AS BIGINT) AS {c}" for c in model.PER_KEY_COLUMNS
+    )
+    return f"SELECT op_id, {sums} FROM ({facts}) f GROUP BY op_id"
