@@ -8,6 +8,7 @@ aggregates produce byte-identical verdicts.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,20 @@ MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for h
 MAX_WITNESSES = 1000  # counts stay exact; only the number of printed examples is bounded
 MAX_OVERLAY_WINDOWS = 64  # fault windows that get per-window operation counts
 FOREVER_NS = 2**63 - 1  # end of a fault window still open when the run ended
+
+
+class Laps:
+    """Record the seconds each step of a verification took, for the benchmark: ``lap("summary_s")``
+    after each step writes into ``phases`` (a fresh dict when None)."""
+
+    def __init__(self, phases: dict[str, float] | None = None) -> None:
+        self.phases = {} if phases is None else phases
+        self._clock = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._clock, 3)
+        self._clock = now
 
 
 @dataclass(frozen=True)

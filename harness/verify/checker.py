@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout
 from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
-from harness.ledger.schema import COLUMNS, Kind
+from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
     MAX_OVERLAY_WINDOWS,
@@ -31,6 +31,7 @@ from harness.verify.assemble import (
     MAX_WITNESSES,
     Aggregates,
     FaultWindow,
+    Laps,
     build_witnesses,
     make_verdict,
     pair_fault_windows,
@@ -201,15 +202,7 @@ def check_events(
 ) -> tuple[Aggregates, tuple[Any, ...], list[FaultWindow], int, list[dict[str, Any]]]:
     """Run the reconciliation over the view ``ev``; return aggregates, witnesses, windows, unmatched
     fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds."""
-    phases = {} if phases is None else phases
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = round(now - clock, 3)
-        clock = now
-
+    lap = Laps(phases)
     fault_rows = _fault_rows(con)
     windows, unmatched = pair_fault_windows(fault_rows)
     lap("faults_s")
@@ -232,12 +225,7 @@ def check_events(
 
 def _fault_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     cols = ", ".join(fired.COLUMNS)
-
-    def select(kinds: tuple[Kind, ...]) -> list[dict[str, Any]]:
-        return _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}")
-
-    rows = select(fired.REQUESTS)  # fault windows and arms; their firings only when something was armed
-    return rows + select(fired.FIRINGS) if fired.armed(rows) else rows
+    return fired.select_rows(lambda kinds: _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}"))
 
 
 def _verdict(

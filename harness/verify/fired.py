@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from harness.ledger.schema import Kind
@@ -33,6 +34,13 @@ COLUMNS: tuple[str, ...] = ("ts_ns", "src", "seq", "kind", "op", "point", "detai
 def armed(rows: list[dict[str, Any]]) -> bool:
     """Tell whether the ``REQUESTS`` rows hold an arm, so the engine must also select ``FIRINGS``."""
     return any(r["kind"] == Kind.ARM for r in rows)
+
+
+def select_rows(select: Callable[[tuple[Kind, ...]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Return the rows an engine hands to ``make_verdict``, ``select(kinds)`` being its query of
+    ``COLUMNS``: the requests, and their firings only when something was armed."""
+    rows = select(REQUESTS)
+    return rows + select(FIRINGS) if armed(rows) else rows
 
 
 # What a service did not do when its trap never fired, in words the headline uses.

@@ -504,21 +504,12 @@ def check_events(
     ``phases`` (when given) receives the seconds each step took, for the benchmark; ``snapshot``
     and ``intact`` choose the judged classes (``model.judged_rules``).
     """
-    phases = {} if phases is None else phases
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = round(now - clock, 3)
-        clock = now
-
+    lap = assemble.Laps(phases)
     events, table, srcs = load_events(spark, ledger_dir)
     try:
-        # fault windows and arms; their firings only when something was armed (``fired.armed``)
-        fault_rows = [r.asDict() for r in events.where(is_kind(*fired.REQUESTS)).select(*fired.COLUMNS).collect()]
-        if fired.armed(fault_rows):
-            fault_rows += [r.asDict() for r in events.where(is_kind(*fired.FIRINGS)).select(*fired.COLUMNS).collect()]
+        fault_rows = fired.select_rows(
+            lambda kinds: [r.asDict() for r in events.where(is_kind(*kinds)).select(*fired.COLUMNS).collect()]
+        )
         windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
         writers = _writers(events, srcs)
