@@ -11,8 +11,8 @@
 // skipped by its size. A command it cannot decode is passed on as it came, with no hit.
 //
 // Hits: openwire_before_ack on a MessageAck that consumes (standard, individual or poison: not the
-// delivered-ack the client sends as it receives), with the ops of the messages dispatched to that
-// consumer since its last such ack; openwire_before_commit on a TransactionInfo commit, with the
+// delivered-ack the client sends as it receives), with the ops of the messages it consumes: those
+// dispatched to that consumer up to the ack's last message id (a standard ack), or that one; openwire_before_commit on a TransactionInfo commit, with the
 // ops of the messages sent and acknowledged in that transaction; openwire_after_commit on the
 // broker's Response to that commit. A message's ops are the op ids found in its bytes (body and
 // properties).
@@ -48,6 +48,10 @@ const (
 )
 
 var errOwShort = errors.New("openwire: command shorter than its fields")
+
+// owIntroduces: the commands whose first field is the (cached) id they make: ConnectionInfo,
+// SessionInfo, ConsumerInfo, ProducerInfo, DestinationInfo (its connection), RemoveInfo.
+var owIntroduces = map[byte]bool{3: true, 4: true, 5: true, 6: true, 8: true, 12: true}
 
 // owFormat is what one direction negotiated.
 type owFormat struct {
@@ -285,6 +289,20 @@ func (r *owReader) nested() (string, error) {
 			return "", err
 		}
 		return fmt.Sprintf("xa:%x", r.buf[start:r.pos]), nil
+	case 110: // MessageId: text view, producer id (cached), producer sequence, broker sequence
+		if _, err := r.str(); err != nil {
+			return "", err
+		}
+		producer, err := r.cached()
+		if err != nil {
+			return "", err
+		}
+		seq, err := r.long()
+		if err != nil {
+			return "", err
+		}
+		_, err = r.long()
+		return fmt.Sprintf("m:%s:%d", producer, seq), err
 	case 120: // ConnectionId
 		v, err := r.str()
 		return "c:" + v, err
@@ -344,6 +362,42 @@ func (r *owReader) cached() (string, error) {
 	return key, err
 }
 
+// dispatched reads, after a MessageDispatch's consumer id, the id of the message it carries
+// (its destination, then the message's own leading fields).
+func (r *owReader) dispatched() (string, error) {
+	if _, err := r.cached(); err != nil { // destination
+		return "", err
+	}
+	present, err := r.boolean()
+	if err != nil || !present {
+		return "", err
+	}
+	kind, err := r.byte1()
+	if err != nil {
+		return "", err
+	}
+	if kind < owFirstMessage || kind > owLastMessage {
+		return "", fmt.Errorf("openwire: a dispatch of data structure %d", kind)
+	}
+	if r.tight { // a message is marshal-aware: one more boolean (a cached form, never sent)
+		if cachedForm, err := r.boolean(); err != nil || cachedForm {
+			return "", errOwShort
+		}
+	}
+	if _, err := r.int32(); err != nil { // the message's command id
+		return "", err
+	}
+	if _, err := r.boolean(); err != nil { // responseRequired
+		return "", err
+	}
+	for i := 0; i < 4; i++ { // producer, destination, transaction, original destination
+		if _, err := r.cached(); err != nil {
+			return "", err
+		}
+	}
+	return r.nested()
+}
+
 // base reads what every command starts with: its id (and whether it wants a response).
 func (r *owReader) base() (int32, error) {
 	if r.tight {
@@ -370,6 +424,12 @@ func owWireFormat(body []byte) (tight, cache bool) {
 	return flag("TightEncodingEnabled"), flag("CacheEnabled")
 }
 
+// owDelivery is a message dispatched to a consumer: its id and the op ids in its bytes.
+type owDelivery struct {
+	id  string
+	ops []string
+}
+
 // owSession is the protocol state of one OpenWire connection.
 type owSession struct {
 	guarded
@@ -378,8 +438,8 @@ type owSession struct {
 	wish      [2]owFormat // what each side asked for: [0] client, [1] broker
 	format    owFormat
 	seen      [2]map[int16]string
-	delivered map[string]opSet // consumer -> ops dispatched to it and not yet consumed
-	txns      map[string]opSet // transaction -> ops it sends and consumes
+	delivered map[string][]owDelivery // consumer -> the messages dispatched to it and not yet consumed, in order
+	txns      map[string]opSet        // transaction -> ops it sends and consumes
 	commits   map[int32][]string
 }
 
@@ -387,7 +447,7 @@ type owSession struct {
 func NewOpenWireSession(find Finder) Session {
 	return &owSession{
 		find: find, seen: [2]map[int16]string{{}, {}},
-		delivered: map[string]opSet{}, txns: map[string]opSet{}, commits: map[int32][]string{},
+		delivered: map[string][]owDelivery{}, txns: map[string]opSet{}, commits: map[int32][]string{},
 	}
 }
 
@@ -437,6 +497,12 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 		return Hit{}, false, err
 	}
 	switch {
+	case owIntroduces[kind]:
+		// An id is sent whole the first time, as a new cache entry, and by index after: read
+		// the command that introduces it, or a later ack naming it by index names nothing.
+		if _, err := r.cached(); err != nil {
+			return Hit{}, false, err
+		}
 	case side == 0 && kind >= owFirstMessage && kind <= owLastMessage:
 		if _, err := r.cached(); err != nil { // producer
 			return Hit{}, false, err
@@ -462,11 +528,18 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 			return Hit{}, false, err
 		}
 		ackType, err := r.byte1()
+		if err != nil {
+			return Hit{}, false, err
+		}
+		// Read even when this ack consumes nothing: its ids may be new cache entries.
+		if _, err := r.nested(); err != nil { // first message id
+			return Hit{}, false, err
+		}
+		last, err := r.nested()
 		if err != nil || (ackType != owAckStandard && ackType != owAckIndividual && ackType != owAckPoison) {
 			return Hit{}, false, err
 		}
-		ops := s.delivered[consumer].sorted()
-		delete(s.delivered, consumer)
+		ops := s.consume(consumer, last, ackType == owAckStandard)
 		if tx != "" {
 			s.txn(tx).add(ops...)
 		}
@@ -499,15 +572,15 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 		if err != nil {
 			return Hit{}, false, err
 		}
-		set, ok := s.delivered[consumer]
-		if !ok {
-			if len(s.delivered) >= owPendingCap {
-				return Hit{}, false, nil
-			}
-			set = opSet{}
-			s.delivered[consumer] = set
+		id, err := r.dispatched()
+		if err != nil || id == "" {
+			return Hit{}, false, err
 		}
-		set.add(s.find(c.body)...)
+		list := s.delivered[consumer]
+		if len(list) >= owPendingCap || (list == nil && len(s.delivered) >= owPendingCap) {
+			return Hit{}, false, nil
+		}
+		s.delivered[consumer] = append(list, owDelivery{id, uniqueSorted(s.find(c.body))})
 	case side == 1 && (kind == owResponse || kind == owExceptionResp):
 		correlation, err := r.int32()
 		if err != nil {
@@ -523,6 +596,34 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 		}
 	}
 	return Hit{}, false, nil
+}
+
+// consume takes the messages an ack of consumer up to message last consumes: every one delivered
+// before it too (cumulative, a standard ack), or that one alone; their ops, sorted.
+func (s *owSession) consume(consumer, last string, cumulative bool) []string {
+	list := s.delivered[consumer]
+	ops := opSet{}
+	for i, d := range list {
+		if d.id != last {
+			continue
+		}
+		if cumulative {
+			for _, before := range list[:i+1] {
+				ops.add(before.ops...)
+			}
+			list = list[i+1:]
+		} else {
+			ops.add(d.ops...)
+			list = append(list[:i:i], list[i+1:]...)
+		}
+		break
+	}
+	if len(list) == 0 {
+		delete(s.delivered, consumer)
+	} else {
+		s.delivered[consumer] = list
+	}
+	return ops.sorted()
 }
 
 func (s *owSession) txn(key string) opSet {

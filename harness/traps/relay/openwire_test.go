@@ -99,6 +99,56 @@ func (e *owEnc) tx(conn string, value int64) {
 	e.cached("tx:"+conn+string(rune(value)), func() { e.data = append(e.data, 111); e.long(value); e.connection(conn) })
 }
 
+func (e *owEnc) producer(conn string) {
+	e.cached("p:"+conn, func() { e.data = append(e.data, 123); e.str(conn); e.long(1); e.long(1) })
+}
+
+// messageID writes a MessageId (nested): no text view, its producer, its sequence numbers.
+func (e *owEnc) messageID(conn string, seq int64) {
+	e.boolean(true)
+	e.data = append(e.data, 110)
+	e.boolean(false) // text view
+	e.producer(conn)
+	e.long(seq)
+	e.long(1000 + seq)
+}
+
+// dispatch writes a MessageDispatch's fields: the consumer, the destination, the message's head
+// (as a nested, marshal-aware structure) and then its body.
+func (e *owEnc) dispatch(conn, producerConn string, seq int64, body string) {
+	e.consumer(conn, 1)
+	e.queue("in")
+	e.boolean(true)
+	e.data = append(e.data, 28)
+	if e.tight {
+		e.boolean(false) // no cached marshalled form
+	}
+	e.data = binary.BigEndian.AppendUint32(e.data, 0) // the message's command id
+	e.boolean(false)                                  // responseRequired
+	e.producer(producerConn)
+	e.queue("in")
+	e.cached("null", nil) // transaction
+	e.cached("null", nil) // original destination
+	e.messageID(producerConn, seq)
+	e.data = append(e.data, body...)
+}
+
+// ack writes a MessageAck's fields.
+func (e *owEnc) ack(conn string, tx int64, ackType byte, producerConn string, first, last int64) {
+	e.queue("in")
+	if tx == 0 {
+		e.cached("null", nil)
+	} else {
+		e.tx(conn, tx)
+	}
+	e.consumer(conn, 1)
+	e.data = append(e.data, ackType)
+	e.messageID(producerConn, first)
+	e.messageID(producerConn, last)
+	e.data = binary.BigEndian.AppendUint32(e.data, uint32(last-first+1))
+	e.boolean(false) // no poison cause
+}
+
 func (e *owEnc) queue(name string) {
 	e.cached("d:"+name, func() { e.data = append(e.data, 100); e.str(name) })
 }
@@ -155,29 +205,22 @@ func owConversation(tight, cache bool) []owStep {
 	return []owStep{
 		{true, owWireFormatFrame(true, true)},
 		{false, owWireFormatFrame(tight, cache)},
-		{false, broker.command(owMessageDispatch, 0, func() {
-			broker.consumer(conn, 1)
-			broker.queue("in")
-			broker.data = append(broker.data, `...{"op": "op-7", "amount": 3}...`...)
-		})},
-		{true, client.command(owMessageAck, 5, func() {
-			client.queue("in")
-			client.cached("null", nil) // no transaction
+		// The client names its consumer first in its ConsumerInfo: its acks then name it by index.
+		{true, client.command(5, 1, func() {
 			client.consumer(conn, 1)
-			client.data = append(client.data, 0) // delivered-ack
+			client.data = append(client.data, "...the rest of the ConsumerInfo..."...)
 		})},
+		{false, broker.command(owMessageDispatch, 0, func() { broker.dispatch(conn, "ID:other", 1, `{"op": "op-7", "amount": 3}`) })},
+		{true, client.command(owMessageAck, 5, func() { client.ack(conn, 0, 0, "ID:other", 1, 1) })}, // delivered-ack
+		// The delivered-ack let the broker send the next message before this one is consumed.
+		{false, broker.command(owMessageDispatch, 0, func() { broker.dispatch(conn, "ID:other", 2, `{"op": "op-8"}`) })},
 		{true, client.command(28, 6, func() {
-			client.cached("p", func() { client.data = append(client.data, 123); client.str(conn); client.long(1); client.long(1) })
+			client.producer(conn)
 			client.queue("out")
 			client.tx(conn, 9)
 			client.data = append(client.data, `{"op": "op-7"}`...)
 		})},
-		{true, client.command(owMessageAck, 7, func() {
-			client.queue("in")
-			client.tx(conn, 9)
-			client.consumer(conn, 1)
-			client.data = append(client.data, owAckStandard)
-		})},
+		{true, client.command(owMessageAck, 7, func() { client.ack(conn, 9, owAckStandard, "ID:other", 1, 1) })},
 		{true, client.command(owTransactionInfo, 42, func() {
 			client.connection(conn)
 			client.tx(conn, 9)
@@ -244,10 +287,10 @@ func TestOpenWireHitsStartAtTheirCommand(t *testing.T) {
 	steps := owConversation(true, true)
 	s := owSession0("op-7")
 	var joined []byte
-	for _, st := range steps[:6] {
+	for _, st := range steps[:8] {
 		s.Feed(st.up, st.data)
 	}
-	joined = append(append(joined, 0, 0, 0, 1, 10), steps[6].data...) // a KeepAliveInfo, then the commit
+	joined = append(append(joined, 0, 0, 0, 1, 10), steps[8].data...) // a KeepAliveInfo, then the commit
 	_, hits := s.Feed(true, joined)
 	if len(hits) != 1 || hits[0].Offset != 5 {
 		t.Fatalf("the commit after a 5-byte command should hit at offset 5: %+v", hits)
@@ -260,7 +303,7 @@ func TestOpenWireARollbackForgetsItsSends(t *testing.T) {
 	s.Feed(true, owWireFormatFrame(true, true))
 	s.Feed(false, owWireFormatFrame(true, true))
 	s.Feed(true, client.command(28, 1, func() {
-		client.cached("p", func() { client.data = append(client.data, 123); client.str("c"); client.long(1); client.long(1) })
+		client.producer("c")
 		client.queue("out")
 		client.tx("c", 1)
 		client.data = append(client.data, "op-1"...)
@@ -299,6 +342,18 @@ func TestOpenWireABigMessageIsNotKeptWhole(t *testing.T) {
 		}
 	}
 	got := owRun(s, owConversation(true, true)[2:], func(n int) int { return n })
+	if len(got) != 3 {
+		t.Fatalf("the conversation after a big dispatch was not read: %v", got)
+	}
+}
+
+func TestOpenWireAnAckNamingItsConsumerByIndexFindsItsMessages(t *testing.T) {
+	steps := owConversation(true, true)
+	without := append(append([]owStep{}, steps[:2]...), steps[3:]...) // no ConsumerInfo: the index is unknown
+	if got := owRun(owSession0("op-7"), without, func(n int) int { return n }); reflect.DeepEqual(got, owWant) {
+		t.Fatalf("the test does not depend on the ConsumerInfo: %v", got)
+	}
+	got := owRun(owSession0("op-7"), steps, func(n int) int { return n })
 	if len(got) != 3 {
 		t.Fatalf("the conversation after a big dispatch was not read: %v", got)
 	}
