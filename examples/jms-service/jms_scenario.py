@@ -8,8 +8,9 @@ is already committed. Run one with
 
     txchaos run examples/jms-service/jms_scenario.py:naive
 
-- ``naive``: applies every delivery. Killed after its COMMIT is confirmed (``pg_after_commit``)
-  or before its JMS commit (``openwire_before_commit``), the redelivered order is applied twice:
+- ``naive``: applies every delivery. Killed after its COMMIT is confirmed (``pg_after_commit``),
+  before its consuming ack (``openwire_before_ack``, sent at the session's commit) or before its
+  JMS commit (``openwire_before_commit``), the redelivered order is applied twice:
   ``duplicate-effect`` on the crashed operation. Killed after the JMS commit is confirmed
   (``openwire_after_commit``) nothing is redelivered: clean.
 - ``naive-unique``: the same, into a table whose op_id is unique: the second apply fails on every
