@@ -34,7 +34,7 @@ from harness.stack.base import Endpoints
 
 # Points whose message names no operation: armed on the next hit instead (see docs/traps.md).
 BY_HIT = ("kafka_before_offset_commit",)
-PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka"}
+PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka", "openwire": "activemq_openwire"}
 
 
 class ServiceMachine(NetworkMachine[ServiceSession]):

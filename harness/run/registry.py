@@ -266,6 +266,8 @@ for _transport in ("activemq", "kafka"):
             f"a team's own service (any language) on {_transport}, crashed by wire-level traps",
             points=tuple(TRAP_POINTS),
             actions=SERVICE_ACTIONS,
+            # Poison operations reach the service through its body template's {poison}.
+            accepts=frozenset({"poison"}),
             refusal="a service scenario runs the service's own instances: leave those out",
             check_spec=_service,
         )

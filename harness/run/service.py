@@ -46,6 +46,9 @@ PLACEHOLDERS: dict[str, str | None] = {
     "stomp_host": "stomp",
     "stomp_port": "stomp",
     "stomp_url": "stomp",  # tcp://127.0.0.1:port
+    "openwire_host": "openwire",
+    "openwire_port": "openwire",
+    "openwire_url": "openwire",  # tcp://127.0.0.1:port, as ActiveMQConnectionFactory takes it
     "kafka_bootstrap": "kafka",
     "dtm_url": None,  # through Toxiproxy, not trapped (DTM speaks HTTP)
     "input": None,  # the queue or topic the harness submits to
@@ -58,7 +61,8 @@ PLACEHOLDERS: dict[str, str | None] = {
     "source": None,  # the service's source folder
 }
 TRANSPORTS = ("activemq", "kafka")
-BODY_FIELDS = ("op", "n", "amount")
+# ``{poison}`` is ``true`` for the spec's poison operations, else ``false`` (a JSON literal).
+BODY_FIELDS = ("op", "n", "amount", "poison")
 _NOT_UNDER_US = ("node_modules", "target", "__pycache__", ".git")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
 
@@ -205,9 +209,9 @@ class Service:
         """Fill ``template``'s placeholders from ``values``."""
         return template.format_map(dict(values))
 
-    def body_of(self, op: str, n: int, amount: int) -> str:
+    def body_of(self, op: str, n: int, amount: int, *, poison: bool = False) -> str:
         """Return the body of operation ``op``: the ``body`` template filled."""
-        return self.body.format(op=op, n=n, amount=amount)
+        return self.body.format(op=op, n=n, amount=amount, poison="true" if poison else "false")
 
 
 def source_files(root: Path) -> list[Path]:

@@ -85,6 +85,11 @@ class ServiceSession(SinkSession[Any]):
             and endpoints.dtm is None
         ):
             raise ConfigError(f"service {service.name} uses {{dtm_url}}", hint="start a stack with DTM (`txchaos up`)")
+        if "openwire" in service.protocols() and endpoints.openwire is None:
+            raise ConfigError(
+                f"service {service.name} speaks OpenWire but stack {endpoints.stack_id} has no OpenWire connector",
+                hint="stop it with `txchaos down` and start a new one with `txchaos up`",
+            )
         built = ensure_built(service)
         if service.image is None:
             check_command(service, built)
@@ -120,6 +125,8 @@ class ServiceSession(SinkSession[Any]):
             "stomp": self.endpoints.stomp,
             "kafka": self.endpoints.kafka,
         }
+        if self.endpoints.openwire is not None:
+            upstream["openwire"] = self.endpoints.openwire
         for name in self._names():
             for protocol in sorted(self.service.protocols()):
                 ep = upstream[protocol]
@@ -182,6 +189,8 @@ class ServiceSession(SinkSession[Any]):
             values["postgres_url"] = f"postgresql://{auth}@{pg[0]}:{pg[1]}/{quote(ep.db_name, safe='')}"
         if (stomp := self._ports.get((name, "stomp"))) is not None:
             values.update(stomp_host=stomp[0], stomp_port=str(stomp[1]), stomp_url=f"tcp://{stomp[0]}:{stomp[1]}")
+        if (wire := self._ports.get((name, "openwire"))) is not None:
+            values.update(openwire_host=wire[0], openwire_port=str(wire[1]), openwire_url=f"tcp://{wire[0]}:{wire[1]}")
         if (kafka := self._ports.get((name, "kafka"))) is not None:
             values["kafka_bootstrap"] = f"{kafka[0]}:{kafka[1]}"
         env = {**_base_env(), **{k: svc.render(v, values) for k, v in svc.env.items()}}
@@ -196,7 +205,8 @@ class ServiceSession(SinkSession[Any]):
         )
 
     def _body(self, fields: dict[str, object]) -> str:
-        return self.service.body_of(str(fields["op"]), int(str(fields["n"])), int(str(fields["amount"])))
+        op, n, amount = str(fields["op"]), int(str(fields["n"])), int(str(fields["amount"]))
+        return self.service.body_of(op, n, amount, poison=bool(fields.get("poison")))
 
     def _alone(self) -> set[int]:
         return set()

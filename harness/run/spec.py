@@ -59,7 +59,7 @@ class Crash:
         return f"arm {self.action} at {self.point} on {on}"
 
 
-NETWORK_TARGETS = ("activemq_stomp", "postgres", "kafka", "dtm")
+NETWORK_TARGETS = ("activemq_stomp", "activemq_openwire", "postgres", "kafka", "dtm")
 
 
 @dataclass(frozen=True)

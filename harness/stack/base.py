@@ -42,6 +42,8 @@ class Endpoints:
     state_dir: str
     # None only in an endpoints.json written before DTM joined the stack.
     dtm: Endpoint | None = None
+    # ActiveMQ's OpenWire connector (JMS clients); None in an endpoints.json written before it.
+    openwire: Endpoint | None = None
 
     @property
     def postgres_url(self) -> str:
@@ -59,13 +61,23 @@ class Endpoints:
             )
         return f"http://{self.dtm.host}:{self.dtm.port}/api/dtmsvr"
 
+    @property
+    def openwire_url(self) -> str:
+        """ActiveMQ's OpenWire URL through its proxy, as ``ActiveMQConnectionFactory`` takes it."""
+        if self.openwire is None:
+            raise ConfigError(
+                f"stack {self.stack_id} has no OpenWire connector (its endpoints.json predates it)",
+                hint="stop it with `txchaos down` and start a new one with `txchaos up`",
+            )
+        return f"tcp://{self.openwire.host}:{self.openwire.port}"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Endpoints:
         raw = json.loads(text)
-        for key in ("postgres", "stomp", "kafka", "dtm"):
+        for key in ("postgres", "stomp", "kafka", "dtm", "openwire"):
             if raw.get(key) is not None:
                 raw[key] = Endpoint(**raw[key])
         return cls(**raw)

@@ -120,8 +120,8 @@ def _missing_images(timeout_s: float) -> list[str]:
 def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_PASSWORD) -> Endpoints:
     """Return the addresses clients use: the Toxiproxy side of each route, on loopback."""
 
-    def ep(service: str) -> Endpoint:
-        route = topo.proxy_for(service)
+    def ep(service: str, route: topo.ProxyRoute | None = None) -> Endpoint:
+        route = route or topo.proxy_for(service)
         return Endpoint(PUBLISHED_HOST, route.listen_port, route.name, PUBLISHED_HOST, route.port)
 
     return Endpoints(
@@ -131,6 +131,7 @@ def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_
         stomp=ep("activemq"),
         kafka=ep("kafka"),
         dtm=ep("dtm"),
+        openwire=ep("activemq", topo.proxy_named("activemq_openwire")),
         toxiproxy_api=f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}",
         db_user=topo.DB_USER,
         db_password=db_password,
@@ -435,7 +436,7 @@ def _create_proxies(ep: Endpoints) -> None:
     from harness.clients.toxiproxy import ToxiproxyAdmin
 
     admin = ToxiproxyAdmin(ep.toxiproxy_api)
-    for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm):
+    for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm, ep.openwire):
         assert e is not None
         admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
 

@@ -25,6 +25,7 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -45,7 +46,7 @@ from harness.stack.procs import (
     spawn,
     stop,
 )
-from harness.stack.waits import Wait, port_open, stomp_connected, wait_each
+from harness.stack.waits import Wait, openwire_answers, port_open, stomp_connected, wait_each
 
 FIXTURES = resources.fixtures_dir()
 JVM_FLAGS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:ActiveProcessorCount=2"]
@@ -66,7 +67,9 @@ def readiness(service: str, ep: Endpoints) -> Wait:
             tolerated=(Exception,),
         ),
         "activemq": Wait(
-            "activemq STOMP through its proxy", stomp_connected(ep.stomp.host, ep.stomp.port), timeout=START_TIMEOUT_S
+            "activemq STOMP and OpenWire through their proxies",
+            _both(stomp_connected(ep.stomp.host, ep.stomp.port), _openwire(ep)),
+            timeout=START_TIMEOUT_S,
         ),
         "kafka": Wait(
             "kafka metadata through its proxy",
@@ -87,6 +90,16 @@ def readiness(service: str, ep: Endpoints) -> Wait:
     return waits[service]
 
 
+def _openwire(ep: Endpoints) -> Callable[[], bool]:
+    if ep.openwire is None:  # an endpoints.json from before the connector: STOMP alone
+        return lambda: True
+    return openwire_answers(ep.openwire.host, ep.openwire.port)
+
+
+def _both(first: Callable[[], bool], second: Callable[[], bool]) -> Callable[[], bool]:
+    return lambda: first() and second()
+
+
 @dataclass
 class Ports:
     postgres: int
@@ -97,13 +110,14 @@ class Ports:
     toxiproxy_api: int
     dtm: int
     dtm_grpc: int
+    openwire: int
     proxy: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def pick(cls) -> Ports:
-        p = free_ports(12)
-        proxies = {"postgres": p[8], "activemq_stomp": p[9], "kafka": p[10], "dtm": p[11]}
-        return cls(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], proxies)
+        p = free_ports(14)
+        proxies = {"postgres": p[9], "activemq_stomp": p[10], "kafka": p[11], "dtm": p[12], "activemq_openwire": p[13]}
+        return cls(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], proxies)
 
 
 def _pg_user() -> str | None:
@@ -380,6 +394,7 @@ class LocalProvider:
             "txchaos.data": str(data),
             "txchaos.bind": "127.0.0.1",
             "txchaos.stomp.port": str(self.ports.stomp),
+            "txchaos.openwire.port": str(self.ports.openwire),
             "activemq.home": str(data),
             "activemq.base": str(data),
             "activemq.data": str(data),
@@ -483,6 +498,7 @@ class LocalProvider:
             stomp=ep("activemq_stomp", p.stomp),
             kafka=ep("kafka", p.kafka),
             dtm=ep("dtm", p.dtm),
+            openwire=ep("activemq_openwire", p.openwire),
             toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
             db_user=topology.DB_USER,
             db_password=self.db_password,
@@ -494,7 +510,7 @@ class LocalProvider:
         from harness.clients.toxiproxy import ToxiproxyAdmin
 
         admin = ToxiproxyAdmin(ep.toxiproxy_api)
-        for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm):
+        for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm, ep.openwire):
             assert e is not None
             admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
 

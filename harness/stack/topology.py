@@ -36,6 +36,8 @@ KAFKA = Service("kafka", "4.1.2", "apache/kafka:4.1.2", 9092)
 TOXIPROXY = Service("toxiproxy", "2.12.0", "golang:1.24", 8474)
 # The DTM server's HTTP API (2-phase messages). The image's tags carry no leading "v".
 DTM = Service("dtm", "1.19.0", "yedf/dtm:1.19.0", 36789)
+# ActiveMQ's second connector: OpenWire, what JMS clients (activemq-client, Mats3) speak.
+ACTIVEMQ_OPENWIRE_PORT = 61616
 
 SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY, DTM)
 
@@ -43,6 +45,7 @@ SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY, DTM)
 PROXIES: tuple[ProxyRoute, ...] = (
     ProxyRoute("postgres", "postgres", POSTGRES.port, 15432),
     ProxyRoute("activemq_stomp", "activemq", ACTIVEMQ.port, 16613),
+    ProxyRoute("activemq_openwire", "activemq", ACTIVEMQ_OPENWIRE_PORT, 16616),
     ProxyRoute("kafka", "kafka", KAFKA.port, 19092),
     ProxyRoute("dtm", "dtm", DTM.port, 16789),
 )
@@ -64,8 +67,16 @@ DB_ADMIN = "txchaos_admin"
 
 
 def proxy_for(service: str) -> ProxyRoute:
-    """Return the proxy route in front of ``service``."""
+    """Return the (first) proxy route in front of ``service``: ActiveMQ's is its STOMP one."""
     for route in PROXIES:
         if route.service == service:
             return route
     raise KeyError(service)
+
+
+def proxy_named(name: str) -> ProxyRoute:
+    """Return the proxy route called ``name`` (``activemq_openwire``)."""
+    for route in PROXIES:
+        if route.name == name:
+            return route
+    raise KeyError(name)

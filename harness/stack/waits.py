@@ -72,6 +72,28 @@ def stomp_connected(host: str, port: int) -> Callable[[], bool]:
     return probe
 
 
+def openwire_answers(host: str, port: int) -> Callable[[], bool]:
+    """Return a probe that passes once the broker greets an OpenWire connection (its WireFormatInfo).
+
+    A proxy accepts before its upstream does: only the broker's own first frame (which names
+    ``ActiveMQ``, the format's magic) says its OpenWire connector serves.
+    """
+
+    def probe() -> bool:
+        with socket.create_connection((host, port), timeout=1.0) as sock:
+            seen = b""
+            while len(seen) < 64:
+                chunk = sock.recv(256)
+                if not chunk:
+                    return False
+                seen += chunk
+                if b"ActiveMQ" in seen:
+                    return True
+            return False
+
+    return probe
+
+
 def wait_each(services: Iterable[str], wait: Callable[[str], None]) -> None:
     """Run ``wait(service)`` for every service at once, one thread each; raise the first error once all end.
 

@@ -1,7 +1,7 @@
 """Traps: a named wire-level crash point, what fires it, and what it does when it fires.
 
 The relay (``trapd``, Go, ``relay/``) reads each connection's protocol (``relay/pg.go``,
-``stomp.go``, ``kafka.go``) into hits: "this message is point P for ops {...}". It fires an armed
+``stomp.go``, ``openwire.go``, ``kafka.go``) into hits: "this message is point P for ops {...}". It fires an armed
 ``Trap`` of the ``TrapSet`` on the hit that carries its op, or on its nth hit, and holds the
 message; the harness (``proxy.py``) then runs the trap's ``Action`` and tells the relay to drop
 the message or, after a thaw, to let it go on.
@@ -28,6 +28,9 @@ POINTS: dict[str, str] = {
     "stomp_before_ack": "stomp",
     "stomp_before_commit": "stomp",
     "stomp_after_commit": "stomp",
+    "openwire_before_ack": "openwire",
+    "openwire_before_commit": "openwire",
+    "openwire_after_commit": "openwire",
     "kafka_before_offset_commit": "kafka",
     "kafka_before_end_txn": "kafka",
     "kafka_after_produce": "kafka",

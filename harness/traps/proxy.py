@@ -22,7 +22,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.traps.base import Drop, Firing, Freeze, Kill, PidSource, TrapSet
 from harness.traps.trapd import Event, Relay, relay
 
-PROTOCOLS = ("postgres", "stomp", "kafka")
+PROTOCOLS = ("postgres", "stomp", "kafka", "openwire")
 
 
 class TrapProxy:

@@ -114,6 +114,18 @@ def test_activemq_binds_loopback_on_the_topology_port() -> None:
     argv = _entrypoint("activemq")
     assert "-Dtxchaos.bind=127.0.0.1" in argv
     assert f"-Dtxchaos.stomp.port={topo.ACTIVEMQ.port}" in argv
+    assert f"-Dtxchaos.openwire.port={topo.ACTIVEMQ_OPENWIRE_PORT}" in argv
+
+
+def test_both_activemq_connectors_have_their_own_proxy() -> None:
+    routes = {r.name: r for r in topo.PROXIES if r.service == "activemq"}
+    assert set(routes) == {"activemq_stomp", "activemq_openwire"}
+    assert routes["activemq_openwire"].port == topo.ACTIVEMQ_OPENWIRE_PORT
+    assert topo.proxy_named("activemq_openwire") is routes["activemq_openwire"]
+    assert topo.proxy_for("activemq") is routes["activemq_stomp"]
+    for config in ("activemq.xml", "activemq-redelivery.xml"):
+        text = (ROOT / "fixtures" / "activemq" / config).read_text()
+        assert "tcp://${txchaos.bind:0.0.0.0}:${txchaos.openwire.port:61616}?" in text, config
 
 
 def test_kafka_properties_append_the_listeners_to_the_shared_file() -> None:
@@ -153,13 +165,19 @@ def test_endpoints_are_the_proxy_side(tmp_path: Path) -> None:
     ep = compose_endpoints("txchaos", tmp_path, "s3cret")
     assert ep.provider == "docker"
     assert ep.stack_id == "txchaos"
-    for field, service in (("postgres", "postgres"), ("stomp", "activemq"), ("kafka", "kafka"), ("dtm", "dtm")):
+    for field, route in (
+        ("postgres", topo.proxy_for("postgres")),
+        ("stomp", topo.proxy_named("activemq_stomp")),
+        ("kafka", topo.proxy_for("kafka")),
+        ("dtm", topo.proxy_for("dtm")),
+        ("openwire", topo.proxy_named("activemq_openwire")),
+    ):
         endpoint = getattr(ep, field)
-        route = topo.proxy_for(service)
         assert (endpoint.host, endpoint.port) == (PUBLISHED_HOST, route.listen_port)
         assert (endpoint.upstream_host, endpoint.upstream_port) == ("127.0.0.1", route.port)
     assert ep.toxiproxy_api == f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}"
     assert ep.postgres_url.endswith(f"txchaos:s3cret@{PUBLISHED_HOST}:15432/txchaos")
+    assert ep.openwire_url == f"tcp://{PUBLISHED_HOST}:16616"
 
 
 def test_owner_role_sql_makes_a_non_superuser_and_refuses_quotes() -> None:

@@ -107,7 +107,7 @@ func (e *Engine) run(cl *client, c command) (map[string]any, error) {
 }
 
 // Protocols names the readers a proxy can run.
-var Protocols = map[string]string{"postgres": "pg", "stomp": "stomp", "kafka": "kafka"}
+var Protocols = map[string]string{"postgres": "pg", "stomp": "stomp", "kafka": "kafka", "openwire": "openwire"}
 
 // newServer returns a Toxiproxy API server (not listening) whose proxies log errors only: its
 // stderr is the harness's terminal, and Toxiproxy warns of every connection a trap or a test

@@ -115,6 +115,8 @@ func (p *trapProxy) session() Session {
 		return NewPgSession(p.finder)
 	case "stomp":
 		return NewStompSession(p.finder)
+	case "openwire":
+		return NewOpenWireSession(p.finder)
 	default:
 		return p.cluster.Session()
 	}

@@ -73,6 +73,8 @@ func feedOne(c feedCommand, sessions map[int]Session, clusters map[int]*KafkaClu
 			s = NewPgSession(find)
 		case "stomp":
 			s = NewStompSession(find)
+		case "openwire":
+			s = NewOpenWireSession(find)
 		case "kafka":
 			cluster, ok := clusters[c.Cluster]
 			if !ok {

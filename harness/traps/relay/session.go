@@ -1,4 +1,4 @@
-// The contract between the relay and the protocol readers (pg.go, stomp.go, kafka.go).
+// The contract between the relay and the protocol readers (pg.go, stomp.go, openwire.go, kafka.go).
 //
 // A Session is the protocol state of one relayed connection. Feed is called per chunk read, in
 // order, from two goroutines (one per direction), so a session guards its state with a mutex. It

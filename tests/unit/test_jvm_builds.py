@@ -1,0 +1,51 @@
+"""The JVM examples' builds stop at once, with one line naming the tool, when a JDK or Maven is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILDS = [ROOT / "examples" / "jms-service" / "service", ROOT / "examples" / "spring-kafka-service" / "service"]
+
+
+def _path_with(tmp_path: Path, tools: list[str]) -> str:
+    """Return a PATH holding bash and stand-ins for ``tools`` only."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    bash = shutil.which("bash")
+    assert bash is not None
+    os.symlink(bash, bin_dir / "bash")
+    for tool in tools:
+        stub = bin_dir / tool
+        stub.write_text("#!/bin/sh\nexit 0\n")
+        stub.chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("source", BUILDS, ids=[p.parent.name for p in BUILDS])
+@pytest.mark.parametrize(
+    ("present", "missing", "install"),
+    [([], "java", "a JDK 17"), (["java"], "javac", "a JDK 17"), (["java", "javac"], "mvn", "Maven")],
+)
+def test_a_missing_tool_stops_the_build_naming_it(
+    source: Path, present: list[str], missing: str, install: str, tmp_path: Path
+) -> None:
+    path = _path_with(tmp_path, present)
+    proc = subprocess.run(
+        [str(Path(path) / "bash"), "build.sh", str(tmp_path / "out")],
+        cwd=source,
+        env={"PATH": path},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"build.sh: {missing} not found: install {install}")
+    assert not (tmp_path / "out").exists()
