@@ -36,6 +36,21 @@ POINTS: dict[str, str] = {
     "kafka_after_produce": "kafka",
 }
 
+# What a service did not do when a trap on the point never fired: the verdict's headline says it.
+UNREACHED: dict[str, str] = {
+    "pg_before_commit": "the service sent no Postgres COMMIT",
+    "pg_after_commit": "Postgres confirmed no COMMIT of the service",
+    "stomp_before_ack": "the service sent no STOMP ACK",
+    "stomp_before_commit": "the service sent no STOMP COMMIT",
+    "stomp_after_commit": "the service sent no STOMP COMMIT",
+    "openwire_before_ack": "the service sent no OpenWire message acknowledgement",
+    "openwire_before_commit": "the service committed no JMS transaction (OpenWire TransactionInfo COMMIT)",
+    "openwire_after_commit": "the broker confirmed no JMS transaction commit of the service",
+    "kafka_before_offset_commit": "the service committed no Kafka offset",
+    "kafka_before_end_txn": "the service ended no Kafka transaction",
+    "kafka_after_produce": "the service produced no Kafka record",
+}
+
 
 @dataclass(frozen=True)
 class Firing:

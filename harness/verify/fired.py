@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.ledger.schema import Kind
+from harness.traps.base import UNREACHED
 
 # What was asked (an engine always selects these: a few rows per run) and what fired (selected
 # only when something was armed: a synthetic ledger of 100M events holds ~1M crash rows and no arm).
@@ -41,19 +42,6 @@ def select_rows(select: Callable[[tuple[Kind, ...]], list[dict[str, Any]]]) -> l
     ``COLUMNS``: the requests, and their firings only when something was armed."""
     rows = select(REQUESTS)
     return rows + select(FIRINGS) if armed(rows) else rows
-
-
-# What a service did not do when its trap never fired, in words the headline uses.
-MISSING: dict[str, str] = {
-    "pg_before_commit": "the service sent no Postgres COMMIT",
-    "pg_after_commit": "Postgres confirmed no COMMIT of the service",
-    "stomp_before_ack": "the service sent no STOMP ACK",
-    "stomp_before_commit": "the service sent no STOMP COMMIT",
-    "stomp_after_commit": "the service sent no STOMP COMMIT",
-    "kafka_before_offset_commit": "the service committed no Kafka offset",
-    "kafka_before_end_txn": "the service ended no Kafka transaction",
-    "kafka_after_produce": "the service produced no Kafka record",
-}
 
 
 def _detail(row: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +65,7 @@ def _why_not(entry: dict[str, Any]) -> str:
     if entry.get("nth") and not entry.get("op"):
         reason = f"{point} was reached fewer than {entry['nth']} times"
     elif entry["type"] == "trap":
-        reason = MISSING.get(point, f"the service never reached {point}")
+        reason = UNREACHED.get(point, f"the service never reached {point}")
     else:
         reason = f"no worker reached {point} on that operation"
     who = f" in {entry['worker']}" if entry.get("worker") else ""

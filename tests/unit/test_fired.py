@@ -130,3 +130,10 @@ def test_txchaos_verify_exits_6_on_an_unfired_fault(tmp_path: Path) -> None:
     verdict = replace(checker.check_run(tmp_path, FlowContract()), incomplete=())
     assert exit_code(verdict) == EXIT_UNFIRED
     assert exit_code(replace(verdict, faults=())) == 0
+
+
+def test_every_trap_point_says_what_the_service_did_not_do() -> None:
+    # an unfired trap's headline names what was missing; a new protocol's points must say it too
+    from harness.traps.base import POINTS, UNREACHED
+
+    assert set(UNREACHED) == set(POINTS)
