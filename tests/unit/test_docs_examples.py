@@ -99,6 +99,7 @@ def test_each_example_runs_as_written(where: str, code: str, tmp_path: Path, mon
     for name in ("schema.sql", "orders.sql", "services/orders/schema.sql"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("CREATE TABLE IF NOT EXISTS orders (op_id text, amount int);\n")
+    (tmp_path / "orders-mats").mkdir()  # the Mats3 endpoint's source folder (docs/services.md)
     namespace: dict[str, Any] = {"__name__": "example", "txchaos_run": _Result, "__file__": str(tmp_path / "x.py")}
     exec(compile(code, where, "exec"), namespace)
     contracts = [v for v in namespace.values() if isinstance(v, FlowContract)]
