@@ -37,8 +37,8 @@ _EXPORTS = {
     "Pause": "harness.faults",
     "KillBroker": "harness.faults",
     "active": "harness.faults",
-    "RunSession": "harness.run.session",
-    "Flow": "harness.run.registry",
+    "RunSession": "harness.run.core.session",
+    "Flow": "harness.run.spec.flow",
     "stage_machine": "harness.machines.stage",
     "StageMachine": "harness.machines.stage",
     "profile": "harness.machines.profiles",
@@ -49,7 +49,7 @@ _EXPORTS = {
     "TxChaosError": "harness.errors",
     "IncompleteEvidence": "harness.errors",
     "ServiceFailed": "harness.errors",
-    "Service": "harness.run.service",
+    "Service": "harness.run.spec.service",
     "Endpoints": "harness.stack.base",
     "Endpoint": "harness.stack.base",
     "LocalProvider": "harness.stack.local",
@@ -64,17 +64,17 @@ _EXPORTS = {
     "check_run": "harness.verify.checker",
     "StageContext": "harness.worker.stage",
     "HandlerContext": "harness.worker.base",
-    "Crash": "harness.run.spec",
-    "Stage": "harness.run.spec",
-    "Helper": "harness.run.spec",
+    "Crash": "harness.run.spec.scenario",
+    "Stage": "harness.run.spec.scenario",
+    "Helper": "harness.run.spec.scenario",
     "ProcessContext": "harness.worker.process",
-    "ScenarioSpec": "harness.run.spec",
-    "RunResult": "harness.run.session",
-    # Every registered flow (harness.run.registry): a Kafka, saga, CQRS or DTM spec runs as it says.
-    "run_scenario": "harness.run.dispatch:run_spec",
-    "check_handlers": "harness.run.dispatch",
-    "FaultWindow": "harness.run.spec",
-    "Schema": "harness.run.schema",
+    "ScenarioSpec": "harness.run.spec.scenario",
+    "RunResult": "harness.run.core.session",
+    # Every registered flow (harness.run.spec.flow): a Kafka, saga, CQRS or DTM spec runs as it says.
+    "run_scenario": "harness.run.core.session:run_scenario",
+    "check_handlers": "harness.run.spec.handlers",
+    "FaultWindow": "harness.run.spec.scenario",
+    "Schema": "harness.run.spec.schema",
     "KafkaContext": "harness.worker.kafka_context",
     "BatchFailed": "harness.worker.kafka_context",
     "batch_handler": "harness.worker.kafka_context",
@@ -170,13 +170,12 @@ if TYPE_CHECKING:
     from harness.machines.profiles import profile
     from harness.machines.stage import StageMachine, stage_machine
     from harness.patterns.saga_options import SagaOptions
-    from harness.run.dispatch import check_handlers
-    from harness.run.dispatch import run_spec as run_scenario
-    from harness.run.registry import Flow
-    from harness.run.schema import Schema
-    from harness.run.service import Service
-    from harness.run.session import RunResult, RunSession
-    from harness.run.spec import Crash, FaultWindow, Helper, ScenarioSpec, Stage
+    from harness.run.core.session import RunResult, RunSession, run_scenario
+    from harness.run.spec.flow import Flow
+    from harness.run.spec.handlers import check_handlers
+    from harness.run.spec.scenario import Crash, FaultWindow, Helper, ScenarioSpec, Stage
+    from harness.run.spec.schema import Schema
+    from harness.run.spec.service import Service
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider
     from harness.stack.selection import make_provider

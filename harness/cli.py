@@ -147,8 +147,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- runs -------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.reporting.plots import render_run
-    from harness.run.dispatch import run_spec
-    from harness.run.scenarios import resolve
+    from harness.run.core.session import run_scenario
+    from harness.run.spec.files import resolve
     from harness.stack.selection import endpoints_from_env, load_current, make_provider
 
     specs = resolve(args.scenario, args.seed)  # validated before any service starts
@@ -166,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 def show(message: str, status: Status = status, label: str = spec.label) -> None:
                     status.update(f"{label}: {message}")
 
-                result = run_spec(spec, endpoints, progress=show)
+                result = run_scenario(spec, endpoints, progress=show)
             render_run(result.run_dir)
             verdict = result.verdict
             colour = "green" if verdict.clean else "red"
@@ -210,7 +210,7 @@ def _call(cmd: list[str], *, env: dict[str, str]) -> int:
     a stack would never heal. A termination signal is passed on to the child instead (Ctrl-C
     reached it already: the terminal signals the whole group), and it gets time to heal.
     """
-    from harness.run.signals import Terminated
+    from harness.run.core.signals import Terminated
 
     child = subprocess.Popen(cmd, cwd=REPO, env=env)
     try:
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, passthrough, extra)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from harness.run.signals import message, stop_children, terminating
+    from harness.run.core.signals import message, stop_children, terminating
 
     try:
         # SIGTERM (a CI timeout) and SIGHUP interrupt like Ctrl-C, so every `finally` heals.

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 
 if TYPE_CHECKING:
-    from harness.run.crosscheck import SparkCrossCheck
-    from harness.run.runner import RunResult
-    from harness.run.signals import Seen
-    from harness.run.spec import ScenarioSpec
+    from harness.run.core.crosscheck import SparkCrossCheck
+    from harness.run.core.session import RunResult
+    from harness.run.core.signals import Seen
+    from harness.run.spec.scenario import ScenarioSpec
     from harness.stack.base import Endpoints, StackProvider
     from harness.stack.reset import Resetter
 
@@ -100,7 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # SIGTERM (a CI timeout) and SIGHUP interrupt the session like Ctrl-C: the test's run heals in
     # its `finally` and pytest tears the session's fixtures (the stack) down before it exits.
-    from harness.run.signals import terminating
+    from harness.run.core.signals import terminating
 
     handlers = contextlib.ExitStack()
     seen = handlers.enter_context(terminating())
@@ -116,7 +116,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     handlers, seen = installed
     handlers.close()
     if seen.signum is not None:
-        from harness.run.signals import message
+        from harness.run.core.signals import message
 
         session.exitstatus = 3
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -135,7 +135,7 @@ def _cross_check(config: pytest.Config) -> SparkCrossCheck | None:
     if not config.getoption("--txchaos-spark-verify"):
         return None
     if config.stash[_SPARK] is None:
-        from harness.run.crosscheck import SparkCrossCheck
+        from harness.run.core.crosscheck import SparkCrossCheck
 
         config.stash[_SPARK] = SparkCrossCheck()
     return config.stash[_SPARK]
@@ -210,10 +210,10 @@ def txchaos_run(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchao
     the test (``UnfiredFault``, naming it) unless the test says it accepts that."""
     from harness.reporting.allure import attach_run
     from harness.reporting.plots import render_run
-    from harness.run.dispatch import run_spec
+    from harness.run.core.session import run_scenario
 
     def run(spec: ScenarioSpec, *, allow_unfired: bool = False) -> RunResult:
-        result = run_spec(spec, txchaos_stack)
+        result = run_scenario(spec, txchaos_stack)
         txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
         request.config.stash[_RUNS].append(result)
         render_run(result.run_dir)

@@ -26,7 +26,7 @@ import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
 from harness.patterns import bank
-from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
+from harness.run.spec.kit import by_variant, op_name, seeded_op, spec_maker
 from harness.verify.model import Invariant
 
 NAME = "deposit_crash_gap"

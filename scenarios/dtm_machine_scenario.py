@@ -32,7 +32,7 @@ from harness import Endpoints, Kind, ScenarioSpec, read_ledger
 from harness.machines.dtm import dtm_machine
 from harness.machines.search import check_failure_text, holds, hunt_settings
 from harness.patterns.dtm_transfer import BRANCH_POINTS
-from harness.run.scenarios import resolve
+from harness.run.spec.files import resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.dtm]
 SEARCH_CAP = 40

@@ -35,8 +35,8 @@ from harness import Crash, Endpoints, FlowContract, Helper, Kind, ScenarioSpec, 
 from harness.clients import db
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.patterns import dtm_transfer
-from harness.run.scenario_kit import op_name, seeded_op
-from harness.run.spec import FaultWindow
+from harness.run.spec.kit import op_name, seeded_op
+from harness.run.spec.scenario import FaultWindow
 
 NAME = "dtm_transfer"
 pytestmark = [pytest.mark.integration, pytest.mark.dtm]

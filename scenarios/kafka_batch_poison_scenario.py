@@ -21,7 +21,7 @@ from functools import partial
 import pytest
 
 from harness import ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
+from harness.run.spec.kit import by_variant, op_name, seeded_op, spec_maker
 
 NAME = "kafka_batch_poison"
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]

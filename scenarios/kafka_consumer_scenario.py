@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from harness import Crash, FlowContract, ScenarioSpec
-from harness.run.scenario_kit import batch_of, op_name, spec_maker, two_batches
+from harness.run.spec.kit import batch_of, op_name, spec_maker, two_batches
 
 NAME = "kafka_consumer"
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]

@@ -25,7 +25,7 @@ import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_cqrs import entity_event
-from harness.run.scenario_kit import batch_of, op_name, spec_maker, two_batches
+from harness.run.spec.kit import batch_of, op_name, spec_maker, two_batches
 from harness.verify.model import FlowContract
 
 NAME = "kafka_cqrs"

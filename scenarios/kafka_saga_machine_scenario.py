@@ -31,7 +31,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from harness import Endpoints, ScenarioSpec
 from harness.machines.saga import saga_machine
 from harness.machines.search import check_failure_text, holds, hunt_settings
-from harness.run.scenarios import resolve
+from harness.run.spec.files import resolve
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 SEARCH_CAP = 40

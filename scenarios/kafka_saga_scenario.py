@@ -44,7 +44,7 @@ import pytest
 
 from harness import Crash, ScenarioSpec
 from harness.patterns.kafka_saga import SAGA_NET_LABEL, SAGA_NET_SQL
-from harness.run.scenario_kit import op_name, seeded_op
+from harness.run.spec.kit import op_name, seeded_op
 from harness.verify.model import FlowContract, Invariant
 
 NAME = "kafka_saga"

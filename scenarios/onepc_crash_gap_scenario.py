@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from harness import Crash, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
+from harness.run.spec.kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
 
 NAME = "onepc_crash_gap"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]

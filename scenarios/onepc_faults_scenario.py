@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from harness import Crash, KillBroker, Latency, ResetPeer, ScenarioSpec
-from harness.run.scenario_kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
-from harness.run.spec import FaultWindow
+from harness.run.spec.kit import by_variant, onepc_on, op_name, seeded_op, spec_maker
+from harness.run.spec.scenario import FaultWindow
 
 NAME = "onepc_faults"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]

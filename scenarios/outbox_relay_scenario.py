@@ -26,7 +26,7 @@ import pytest
 
 from harness import Crash, Helper, Kind, ScenarioSpec, Stage, read_ledger
 from harness.patterns.outbox import POINTS
-from harness.run.scenario_kit import by_variant, op_name, spec_maker
+from harness.run.spec.kit import by_variant, op_name, spec_maker
 
 NAME = "outbox_relay"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]

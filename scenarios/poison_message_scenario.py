@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from harness import FlowContract, Kind, ScenarioSpec, read_ledger
-from harness.run.scenario_kit import by_variant, op_name, seeded_op, spec_maker
+from harness.run.spec.kit import by_variant, op_name, seeded_op, spec_maker
 
 NAME = "poison_message"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]

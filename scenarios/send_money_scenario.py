@@ -55,7 +55,7 @@ from harness import (
 from harness.clients import db
 from harness.patterns import bank, send_money
 from harness.patterns.send_money import Outcome
-from harness.run.scenario_kit import op_name
+from harness.run.spec.kit import op_name
 
 NAME = "send_money"
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]

@@ -20,9 +20,9 @@ from rich.console import Console
 
 from harness.bench.report import bench_parser, table, write_section
 from harness.bench.stack import run_seconds
-from harness.run.dispatch import run_spec
-from harness.run.registry import flow_named
-from harness.run.spec import ScenarioSpec
+from harness.run.core.session import run_scenario
+from harness.run.spec.flow import flow_named
+from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 
@@ -56,7 +56,7 @@ def spec(variant: str, messages: int, batch: int, workers: int, partitions: int)
 
 def _measure(endpoints: Endpoints, variant: str, args: argparse.Namespace) -> dict[str, Any]:
     with console.status(f"{variant}: {args.messages} records, batch {args.batch}, {args.workers} worker(s)"):
-        result = run_spec(spec(variant, args.messages, args.batch, args.workers, args.partitions), endpoints)
+        result = run_scenario(spec(variant, args.messages, args.batch, args.workers, args.partitions), endpoints)
     took = run_seconds(result.run_dir)
     rate = args.messages / took
     console.print(f"{variant}: {rate:.0f} msg/s ({took:.2f} s) {result.verdict.headline()}")

@@ -45,9 +45,9 @@ from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
 from harness.machines.profiles import profile
 from harness.machines.service import service_machine
-from harness.run.dispatch import run_spec
-from harness.run.scenarios import load_file
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.core.session import run_scenario
+from harness.run.spec.files import load_file
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 console = Console(highlight=False, emoji=False, soft_wrap=True)
@@ -114,7 +114,7 @@ def window(ex: ModuleType, ep: Endpoints, n: int) -> tuple[int, int, float]:
     crashes = tuple(Crash("pg_after_commit", op_index=i) for i in range(n))
     spec = ex.scenario("py", "naive", messages=n, crashes=crashes, timeout_s=60 + 3 * n)
     started = time.monotonic()
-    result = run_spec(spec, ep)
+    result = run_scenario(spec, ep)
     took = time.monotonic() - started
     events = read_ledger(result.run_dir / "ledger").to_pylist()
     fired = {e["op"] for e in events if e["kind"] == Kind.CRASH.value and e["point"] == "pg_after_commit"}
@@ -133,7 +133,7 @@ def throughput(target: Target, ep: Endpoints, ops: int, relays: bool) -> float:
     spec = target.fixed(messages=ops, timeout_s=120 + ops // 10)
     assert spec.service is not None
     spec = replace(spec, service=replace(spec.service, relays=relays))
-    result = run_spec(spec, ep)
+    result = run_scenario(spec, ep)
     events = read_ledger(result.run_dir / "ledger").to_pylist()
     first = min(e["ts_ns"] for e in events if e["kind"] == Kind.SUBMIT.value)
     last = max(e["ts_ns"] for e in events if e["kind"] == Kind.DOWNSTREAM.value)
@@ -200,7 +200,7 @@ def startup(measured: dict[str, Target], ep: Endpoints, n: int) -> list[list[obj
         took: list[float] = []
         for _ in range(n):
             with console.status(f"start of {name} from its build cache"):
-                result = run_spec(target.fixed(messages=1, timeout_s=60), ep)
+                result = run_scenario(target.fixed(messages=1, timeout_s=60), ep)
             events = read_ledger(result.run_dir / "ledger").to_pylist()
             start = min(e["ts_ns"] for e in events if e["kind"] == Kind.RUN_START.value)
             ready = [p.stat().st_mtime_ns for p in (result.run_dir / "workers").glob("*.ready")]

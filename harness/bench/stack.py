@@ -12,8 +12,8 @@ import time
 from rich.console import Console
 
 from harness.bench.report import bench_parser, table, write_section
-from harness.run.runner import run_scenario
-from harness.run.spec import ScenarioSpec
+from harness.run.core.session import run_scenario
+from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.local import LocalProvider
 from harness.stack.reset import Resetter
 

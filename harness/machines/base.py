@@ -32,9 +32,9 @@ from harness.errors import ConfigError
 from harness.faults import Latency
 from harness.faults.base import Fault, active
 from harness.ledger.writer import LedgerWriter
-from harness.run.folder import RunFolder
-from harness.run.runner import RunResult
-from harness.run.spec import ScenarioSpec
+from harness.run.core.folder import RunFolder
+from harness.run.core.session import RunResult
+from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.verify.fired import fired_count
 from harness.verify.verdict import Verdict

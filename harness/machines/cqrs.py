@@ -29,10 +29,10 @@ from hypothesis.stateful import rule
 from harness.machines.base import bind
 from harness.machines.stage import KAFKA_RULES, StageMachine
 from harness.patterns.kafka_cqrs import entity_event
-from harness.run.cqrs_runner import CqrsRunSession
-from harness.run.kafka_runner import KafkaRunSession
-from harness.run.runner import RunResult, RunSession
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.core.session import RunResult, RunSession
+from harness.run.flows.cqrs import CqrsRunSession
+from harness.run.flows.kafka import KafkaRunSession
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 

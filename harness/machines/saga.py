@@ -30,9 +30,9 @@ from hypothesis.stateful import rule
 
 from harness.machines.base import NetworkMachine, bind, failure
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
-from harness.run.runner import RunResult
-from harness.run.saga_runner import SagaRunSession
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.core.session import RunResult
+from harness.run.flows.saga import SagaRunSession
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 # The windows of every Kafka stage: handed over, DB committed (its outputs not produced yet),

@@ -26,10 +26,9 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
-from harness.run.runner import RunResult
-from harness.run.service_session import ServiceSession
-from harness.run.session import RunSession
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.core.session import RunResult, RunSession
+from harness.run.flows.service import ServiceSession
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 # Points whose message names no operation: armed on the next hit instead (see docs/traps.md).

@@ -28,9 +28,9 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
-from harness.run.kafka_runner import KafkaRunSession
-from harness.run.runner import RunResult, RunSession
-from harness.run.spec import Crash, ScenarioSpec
+from harness.run.core.session import RunResult, RunSession
+from harness.run.flows.kafka import KafkaRunSession
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
 CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")

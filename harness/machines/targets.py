@@ -17,7 +17,7 @@ from harness.machines.cqrs import cqrs_machine
 from harness.machines.saga import saga_machine
 from harness.machines.stage import stage_machine
 from harness.patterns import bank, outbox, send_money
-from harness.run.spec import Helper, ScenarioSpec, Stage
+from harness.run.spec.scenario import Helper, ScenarioSpec, Stage
 from harness.verify.model import FlowContract, Invariant
 
 

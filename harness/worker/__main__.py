@@ -2,7 +2,7 @@
 
 ``python -m harness.worker SPEC.json`` runs a worker at once; ``python -m harness.worker --zygote``
 imports the runtime once, then forks a worker per ``SPEC.json<TAB>LOG`` line on stdin (see
-``harness.worker.zygote`` and ``harness.run.standby``).
+``harness.worker.zygote`` and ``harness.run.processes.standby``).
 """
 
 from __future__ import annotations

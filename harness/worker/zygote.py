@@ -6,7 +6,7 @@ CPU for the imports (SQLAlchemy, stomp.py, the Kafka client, pyarrow); on 2 core
 spent most of its time importing spares. A fork of an interpreter that has already imported
 everything costs a few milliseconds.
 
-Protocol over pipes (``harness.run.standby`` is the other end), one line each:
+Protocol over pipes (``harness.run.processes.standby`` is the other end), one line each:
 
 - stdin: ``SPEC_PATH<TAB>LOG_PATH`` asks for a worker; EOF stops the server.
 - stdout: ``pid PID`` answers each request in order; ``exit PID RETURNCODE`` reports a worker's

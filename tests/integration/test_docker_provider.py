@@ -229,10 +229,10 @@ def test_a_service_image_runs_as_containers_and_a_trap_kills_one(txchaos_stack: 
     # container on the host's network, killed by a pg_after_commit trap through its init process.
     from dataclasses import replace
 
-    from harness.run.dispatch import run_spec
-    from harness.run.scenarios import load_file
-    from harness.run.service_build import ensure_built
-    from harness.run.spec import Crash, ScenarioSpec
+    from harness.run.core.session import run_scenario
+    from harness.run.processes.service_build import ensure_built
+    from harness.run.spec.files import load_file
+    from harness.run.spec.scenario import Crash, ScenarioSpec
     from harness.stack import containers
 
     ex = load_file(REPO / "examples" / "services" / "services_scenario.py")
@@ -266,7 +266,7 @@ def test_a_service_image_runs_as_containers_and_a_trap_kills_one(txchaos_stack: 
         crashes=(Crash("pg_after_commit", op_index=3),),
         timeout_s=60,
     )
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path / "runs")
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path / "runs")
     assert result.verdict.found() == {"duplicate-effect": 1}, result.verdict.headline()
     assert result.verdict.ops("duplicate-effect") == {"image-naive-s0-op00003"}
     assert any("fired on op image-naive-s0-op00003" in s for s in result.verdict.steps)

@@ -28,8 +28,8 @@ from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import EXIT_INCOMPLETE, HarnessError
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.run.dispatch import run_spec
-from harness.run.scenarios import resolve
+from harness.run.core.session import run_scenario
+from harness.run.spec.files import resolve
 from harness.stack.base import Endpoints
 from tests.integration.test_no_leaks import tagged
 from tests.support import make_spec
@@ -259,7 +259,7 @@ def test_runner_killed_at_random_moments_gives_no_wrong_verdict_and_leaves_nothi
 
         # A new run on the same stack: healed of whatever the killed one left, and right.
         (spec,) = resolve(target, 100 + i)
-        result = run_spec(spec, txchaos_stack, runs_root=tmp_path / "after")
+        result = run_scenario(spec, txchaos_stack, runs_root=tmp_path / "after")
         assert result.as_expected, f"after {what}: {result.verdict.headline()}"
         assert _all_toxics(admin) == {}, f"after {what}: toxics left by the new run"
     report = "\n".join(seen_outcomes)

@@ -17,9 +17,9 @@ import pytest
 
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.run.registry import flows
-from harness.run.scenarios import resolve
-from harness.run.spec import ScenarioSpec
+from harness.run.spec.files import resolve
+from harness.run.spec.flow import flows
+from harness.run.spec.scenario import ScenarioSpec
 
 MESSAGES = 4
 SERVICES = Path(__file__).resolve().parents[2] / "examples" / "services" / "services_scenario.py"

@@ -20,10 +20,9 @@ from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
 from harness.machines.profiles import profile
 from harness.machines.service import service_machine
-from harness.run.dispatch import run_spec
-from harness.run.scenarios import load_file
-from harness.run.service_build import ensure_built
-from harness.run.session import RunResult
+from harness.run.core.session import RunResult, run_scenario
+from harness.run.processes.service_build import ensure_built
+from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
@@ -54,7 +53,7 @@ def test_the_naive_stage_is_caught_with_its_class_on_the_crashed_op(
     point: str, anomaly: str, txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = JMS.scenario("naive", messages=5, crashes=(Crash(point, op_index=2),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     op = "naive-s0-op00002"
     assert firings(result) == [(point, op)]
     assert result.verdict.found() == {anomaly: 1}, result.verdict.headline()
@@ -65,7 +64,7 @@ def test_with_a_unique_key_the_naive_stage_dead_letters_the_op_with_its_effect(
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = JMS.scenario("naive-unique", messages=5, crashes=(Crash("pg_after_commit", op_index=2),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     op = "naive-unique-s0-op00002"
     assert firings(result) == [("pg_after_commit", op)]
     assert result.verdict.found() == {"dead-lettered-with-effect": 1}, result.verdict.headline()
@@ -79,14 +78,14 @@ def test_the_check_then_skip_stage_is_clean_under_every_commit_trap(
     point: str, txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = JMS.scenario("check", messages=5, crashes=(Crash(point, op_index=2),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert firings(result) == [(point, "check-s0-op00002")]
     assert result.verdict.clean, result.verdict.headline()
 
 
 def test_the_naive_stage_is_clean_when_killed_after_its_jms_commit(txchaos_stack: Endpoints, tmp_path: Path) -> None:
     spec = JMS.scenario("naive", messages=5, crashes=(Crash("openwire_after_commit", op_index=2),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert firings(result) == [("openwire_after_commit", "naive-s0-op00002")]
     assert result.verdict.clean, result.verdict.headline()
 
@@ -95,7 +94,7 @@ def test_a_poison_order_is_dead_lettered_after_the_configured_redeliveries(
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = JMS.variants(0)["poison"]
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     op = "check-s0-op00002"  # the poison scenario runs the check-then-skip variant
     assert result.verdict.found() == {"dead-lettered": 1}, result.verdict.headline()
     assert result.verdict.ops("dead-lettered") == {op}

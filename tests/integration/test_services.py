@@ -21,9 +21,8 @@ from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
 from harness.machines.profiles import profile
 from harness.machines.service import service_machine
-from harness.run.dispatch import run_spec
-from harness.run.scenarios import load_file
-from harness.run.session import RunResult
+from harness.run.core.session import RunResult, run_scenario
+from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints
 from harness.stack.procs import TAG_VAR
 
@@ -46,7 +45,7 @@ def test_the_naive_variant_is_caught_with_its_class_on_the_op_the_trap_fired_on(
 ) -> None:
     ex = EX.EXAMPLES[name]
     spec = EX.scenario(name, "naive", messages=8, crashes=(Crash(ex.naive_point, op_index=3),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     op = f"{name}-naive-s0-op00003"
     assert firings(result) == [(ex.naive_point, op)]
     assert result.verdict.found() == {ex.naive_anomaly: 1}, result.verdict.headline()
@@ -75,7 +74,7 @@ def test_the_fixed_variant_is_clean_under_every_trap(
     name: str, point: str, txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = EX.scenario(name, "fixed", messages=8, crashes=(Crash(point, op_index=3),), timeout_s=60)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert firings(result) == [(point, f"{name}-fixed-s0-op00003")]
     assert result.verdict.clean, result.verdict.headline()
 
@@ -85,8 +84,8 @@ def test_an_offset_commit_trap_fires_by_hit_and_catches_the_naive_go_consumer(
 ) -> None:
     # An OffsetCommit names offsets, not records: armed on the 4th commit, one record per commit.
     crash = (Crash("kafka_before_offset_commit", nth=4),)
-    naive = run_spec(EX.scenario("go", "naive", messages=8, crashes=crash), txchaos_stack, runs_root=tmp_path)
-    fixed = run_spec(EX.scenario("go", "fixed", messages=8, crashes=crash), txchaos_stack, runs_root=tmp_path)
+    naive = run_scenario(EX.scenario("go", "naive", messages=8, crashes=crash), txchaos_stack, runs_root=tmp_path)
+    fixed = run_scenario(EX.scenario("go", "fixed", messages=8, crashes=crash), txchaos_stack, runs_root=tmp_path)
     assert [p for p, _ in firings(naive)] == ["kafka_before_offset_commit"]
     assert naive.verdict.found() == {"duplicate-effect": 1}, naive.verdict.headline()
     assert [p for p, _ in firings(fixed)] == ["kafka_before_offset_commit"]
@@ -98,13 +97,13 @@ def test_a_frozen_instance_is_thawed_and_a_dropped_one_restarted(txchaos_stack: 
         "py", "fixed", messages=6, crashes=(Crash("pg_after_commit", op_index=2, action="freeze"),), timeout_s=60
     )
     frozen = replace(frozen, service=EX.service("py", "fixed", freeze_s=1.5))
-    result = run_spec(frozen, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(frozen, txchaos_stack, runs_root=tmp_path)
     assert result.verdict.clean, result.verdict.headline()
     steps = result.verdict.steps
     assert any("fired on op py-fixed-s0-op00002 in py-stomp-fixed-0: freeze" in s for s in steps)
     assert any(s.startswith("thaw 1 frozen instance") for s in steps)
     dropped = EX.scenario("node", "fixed", messages=6, crashes=(Crash("pg_before_commit", op_index=2, action="drop"),))
-    result = run_spec(dropped, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(dropped, txchaos_stack, runs_root=tmp_path)
     assert firings(result) == [("pg_before_commit", "node-fixed-s0-op00002")]
     assert result.verdict.clean, result.verdict.headline()
 
@@ -118,7 +117,7 @@ def test_a_service_that_never_gets_ready_is_refused_before_anything_is_submitted
     )
     spec = replace(spec, service=silent, name="silent")
     with pytest.raises(ConfigError) as err:
-        run_spec(spec, txchaos_stack, runs_root=tmp_path)
+        run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert "silent-0 never printed a line matching 'READY' in 2s" in str(err.value)
     ledger = read_ledger(next(tmp_path.iterdir()) / "ledger").to_pylist()
     assert not [e for e in ledger if e["kind"] == Kind.SUBMIT.value]
@@ -130,7 +129,7 @@ def test_a_service_that_dies_by_itself_is_its_failure_not_an_anomaly(txchaos_sta
     spec = EX.scenario("py", "naive", messages=3, timeout_s=4)
     spec = replace(spec, service=dying, name="dying")
     with pytest.raises(ServiceFailed) as err:
-        run_spec(spec, txchaos_stack, runs_root=tmp_path)
+        run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert "first dying-0 (exit 7)" in str(err.value)
     assert ServiceFailed.exit_code == 5
     run_dir = next(tmp_path.iterdir())

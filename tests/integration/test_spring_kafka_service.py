@@ -12,10 +12,9 @@ import pytest
 from harness import Crash
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.run.dispatch import run_spec
-from harness.run.scenarios import load_file
-from harness.run.service_build import ensure_built
-from harness.run.session import RunResult
+from harness.run.core.session import RunResult, run_scenario
+from harness.run.processes.service_build import ensure_built
+from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -37,7 +36,7 @@ def test_the_naive_listener_applies_the_batch_again_after_a_kill_past_its_db_com
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
     spec = SK.scenario("naive", messages=5, crashes=(Crash("pg_after_commit", op_index=2),), timeout_s=90)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     op = "naive-s0-op00002"
     assert firings(result) == [("pg_after_commit", op)]
     assert set(result.verdict.found()) == {"duplicate-effect"}, result.verdict.headline()
@@ -49,7 +48,7 @@ def test_the_naive_listener_applies_the_batch_again_after_a_kill_before_its_offs
 ) -> None:
     # One batch (the consumer waits for what arrives within 0.5 s), so one offset commit: the 1st.
     spec = SK.scenario("naive", messages=5, crashes=(Crash("kafka_before_offset_commit", nth=1),), timeout_s=90)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert [p for p, _ in firings(result)] == ["kafka_before_offset_commit"]
     assert set(result.verdict.found()) == {"duplicate-effect"}, result.verdict.headline()
 
@@ -57,7 +56,7 @@ def test_the_naive_listener_applies_the_batch_again_after_a_kill_before_its_offs
 @pytest.mark.parametrize("crash", [Crash("pg_after_commit", op_index=2), Crash("kafka_before_offset_commit", nth=1)])
 def test_the_indexed_listener_with_an_inbox_is_clean(crash: Crash, txchaos_stack: Endpoints, tmp_path: Path) -> None:
     spec = SK.scenario("indexed", messages=5, crashes=(crash,), timeout_s=90)
-    result = run_spec(spec, txchaos_stack, runs_root=tmp_path)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
     assert [p for p, _ in firings(result)] == [crash.point]
     assert result.verdict.clean, result.verdict.headline()
 
@@ -65,10 +64,10 @@ def test_the_indexed_listener_with_an_inbox_is_clean(crash: Crash, txchaos_stack
 def test_a_poison_record_retries_the_naive_batch_and_only_itself_in_the_indexed_one(
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
-    naive = run_spec(
+    naive = run_scenario(
         SK.scenario("naive", messages=5, poison=frozenset({2}), timeout_s=90), txchaos_stack, runs_root=tmp_path
     )
-    indexed = run_spec(
+    indexed = run_scenario(
         SK.scenario("indexed", messages=5, poison=frozenset({2}), timeout_s=90), txchaos_stack, runs_root=tmp_path
     )
     # Naive: the batch holding the poison record (all five, or those one fetch got) retried whole,

@@ -19,7 +19,7 @@ import pytest
 from harness import Crash
 from harness.errors import EXIT_UNFIRED, UnfiredFault
 from harness.pytest_plugin import RunScenario
-from harness.run.scenarios import load_file
+from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.activemq]
@@ -32,7 +32,7 @@ SCENARIO = f"""
 from pathlib import Path
 
 from harness import Crash
-from harness.run.scenarios import load_file
+from harness.run.spec.files import load_file
 
 EX = load_file(Path({str(EXAMPLE)!r}))
 

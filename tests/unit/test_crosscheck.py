@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.crosscheck import SPARK_VERDICT, SparkCrossCheck
-from harness.run.runner import RunResult
-from harness.run.spec import ScenarioSpec
+from harness.run.core.crosscheck import SPARK_VERDICT, SparkCrossCheck
+from harness.run.core.session import RunResult
+from harness.run.spec.scenario import ScenarioSpec
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from harness import ScenarioSpec, Service
-from harness.run.sink_session import SinkSession
+from harness.run.core.sink_session import SinkSession
 from harness.verify.declared import _check_columns, declarations
 from harness.verify.model import FlowContract
 from harness.verify.verdict import Verdict

@@ -12,8 +12,8 @@ import pytest
 from harness.errors import ConfigError
 from harness.ledger.schema import ARROW_SCHEMA, Kind, empty_row
 from harness.patterns.dtm_transfer import POINTS, gid_of, op_of
-from harness.run.scenarios import resolve
-from harness.run.spec import Crash, ScenarioSpec, Stage
+from harness.run.spec.files import resolve
+from harness.run.spec.scenario import Crash, ScenarioSpec, Stage
 from harness.verify.checker import check_table
 from harness.verify.model import FlowContract
 from harness.worker.crash import STAGE_POINTS

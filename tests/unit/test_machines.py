@@ -23,8 +23,8 @@ from harness.machines.saga import SagaMachine
 from harness.machines.search import check_failure_text, hunt_target
 from harness.machines.stage import StageMachine, stage_machine
 from harness.machines.targets import TARGETS, Target
-from harness.run.runner import RunResult
-from harness.run.spec import ScenarioSpec
+from harness.run.core.session import RunResult
+from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.verify.verdict import Verdict
 

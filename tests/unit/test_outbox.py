@@ -9,8 +9,8 @@ import pytest
 
 from harness import Crash, Endpoints, Helper, Stage
 from harness.patterns.outbox import POINTS, RelayConfig, relay_body
-from harness.run.runner import RunSession
-from harness.run.scenarios import resolve
+from harness.run.core.session import RunSession
+from harness.run.spec.files import resolve
 from tests.support import make_spec, refused
 from tests.unit.fake_endpoints import fake_endpoints
 

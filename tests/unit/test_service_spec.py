@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import ConfigError, Crash, RunSession, ScenarioSpec, Service
-from harness.run.service_build import build_dir, ensure_built, source_hash
+from harness.run.processes.service_build import build_dir, ensure_built, source_hash
 from tests.support import make_spec, refused
 from tests.unit.fake_endpoints import fake_endpoints
 
@@ -140,7 +140,7 @@ def test_a_build_runs_once_per_version_of_the_source(tmp_path: Path, monkeypatch
 
 
 def test_an_output_names_its_operation_where_the_service_says() -> None:
-    from harness.run.sink_base import json_path
+    from harness.run.transports.sink import json_path
 
     assert json_path('{"order": {"id": "op-7"}, "op": "x"}', ("order", "id")) == "op-7"
     assert json_path(b'{"order": {"id": 12}}', ("order", "id")) == "12"

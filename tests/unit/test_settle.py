@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 from harness.ledger.writer import LedgerWriter
-from harness.run.settle import Settlement
+from harness.run.transports.settle import Settlement
 
 # A worker that receives m-1, commits the DB and is SIGKILLed before its broker commit.
 KILLED_AFTER_DB_COMMIT = """

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from harness import ConfigError, Crash, ScenarioSpec
-from harness.run.spec import Helper, Stage
+from harness.run.spec.scenario import Helper, Stage
 from harness.stack.base import Endpoints
 from harness.worker.crash import CrashArm
 from tests.support import KAFKA, make_spec, refused
@@ -83,7 +84,7 @@ def test_bad_helper_is_refused_where_it_is_made() -> None:
 
 def test_fault_windows_are_checked_before_any_service_starts() -> None:
     from harness import Latency
-    from harness.run.spec import FaultWindow
+    from harness.run.spec.scenario import FaultWindow
 
     with pytest.raises(ConfigError, match="'activemq'") as info:
         FaultWindow(Latency(100), target="activemq")
@@ -125,7 +126,7 @@ def test_parts_refuse_bad_values_where_they_are_made(make: Callable[[], object],
 )
 def test_fault_window_refuses_bad_numbers(kw: dict[str, object], named: str, fix: str) -> None:
     from harness import Latency
-    from harness.run.spec import FaultWindow
+    from harness.run.spec.scenario import FaultWindow
 
     refused(lambda: FaultWindow(Latency(100), target="postgres", **kw), named, fix)  # type: ignore[arg-type]
 
@@ -141,14 +142,14 @@ def _endpoints() -> Endpoints:
 
 
 def test_every_spec_names_a_registered_flow_and_an_unknown_one_lists_them() -> None:
-    from harness.run.registry import flows
+    from harness.run.spec.flow import flows
 
     assert spec().flow.name == "activemq"
     refused(lambda: spec(flow="rabbitmq"), *(repr(flow.name) for flow in flows()))
 
 
 def test_flow_takes_a_registered_flow_or_its_name_and_broker_is_its_deprecated_alias() -> None:
-    from harness.run.registry import flow_named
+    from harness.run.spec.flow import flow_named
 
     kafka = {k: v for k, v in KAFKA.items() if k != "flow"}
     assert spec(flow="kafka", **kafka).flow is flow_named("kafka")
@@ -167,7 +168,7 @@ def test_flow_takes_a_registered_flow_or_its_name_and_broker_is_its_deprecated_a
 def test_the_manifest_records_the_specs_flow_by_name(tmp_path: Path, flow: str) -> None:
     import json
 
-    from harness.run.folder import RunFolder
+    from harness.run.core.folder import RunFolder
 
     made = spec() if flow == "activemq" else make_spec(KAFKA)
     folder = RunFolder.create(made.name, made.variant, made.seed, root=tmp_path)
@@ -198,28 +199,35 @@ def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object
 @pytest.mark.parametrize(
     ("flow", "module", "name"),
     [
-        ("activemq", "harness.run.runner", "StageRunSession"),
-        ("kafka", "harness.run.kafka_runner", "KafkaRunSession"),
-        ("kafka_saga", "harness.run.saga_runner", "SagaRunSession"),
-        ("kafka_cqrs", "harness.run.cqrs_runner", "CqrsRunSession"),
-        ("dtm", "harness.run.dtm_runner", "DtmRunSession"),
+        ("activemq", "harness.run.flows.activemq", "StageRunSession"),
+        ("kafka", "harness.run.flows.kafka", "KafkaRunSession"),
+        ("kafka_saga", "harness.run.flows.saga", "SagaRunSession"),
+        ("kafka_cqrs", "harness.run.flows.cqrs", "CqrsRunSession"),
+        ("dtm", "harness.run.flows.dtm", "DtmRunSession"),
     ],
 )
-def test_run_session_builds_the_session_of_the_specs_flow(flow: str, module: str, name: str) -> None:
-    from harness.run.registry import flow_named
-    from harness.run.session import RunSession
+def test_each_flow_registers_its_session_in_its_own_module(flow: str, module: str, name: str) -> None:
+    from harness.run.core.session import RunSession
+    from harness.run.spec.flow import flow_named
 
-    registered = flow_named(flow)
-    assert registered.session == f"{module}:{name}"
-    assert registered.session_class().__name__ == name
-    assert issubclass(registered.session_class(), RunSession)
-    assert registered.session_class().flow == flow
+    session = flow_named(flow).session
+    assert isinstance(session, type)
+    assert issubclass(session, RunSession)
+    assert (session.__module__, session.__name__) == (module, name)
+    assert importlib.import_module(module).FLOW is flow_named(flow)
+
+
+def test_a_session_refuses_a_spec_of_another_flow(tmp_path: Path) -> None:
+    from harness.run.flows.kafka import KafkaRunSession
+
+    refused(lambda: KafkaRunSession(spec(), _endpoints(), runs_root=tmp_path), "runs on activemq, not kafka")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
-    from harness.run.kafka_runner import KafkaRunSession
-    from harness.run.runner import StageRunSession
-    from harness.run.session import RunSession
+    from harness.run.core.session import RunSession
+    from harness.run.flows.activemq import StageRunSession
+    from harness.run.flows.kafka import KafkaRunSession
 
     kafka = spec(
         flow="kafka",
@@ -233,7 +241,7 @@ def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
 
 
 def test_a_session_refuses_a_handler_that_does_not_import_before_it_makes_a_folder(tmp_path: Path) -> None:
-    from harness.run.session import RunSession
+    from harness.run.core.session import RunSession
 
     bad = spec(handler="harness.patterns.onepc:naiv")
     refused(lambda: RunSession(bad, _endpoints(), runs_root=tmp_path), "naiv")
@@ -241,6 +249,6 @@ def test_a_session_refuses_a_handler_that_does_not_import_before_it_makes_a_fold
 
 
 def test_a_session_of_one_flow_refuses_a_spec_of_another() -> None:
-    from harness.run.kafka_runner import KafkaRunSession
+    from harness.run.flows.kafka import KafkaRunSession
 
     refused(lambda: KafkaRunSession(spec(), _endpoints()), "runs on activemq, not kafka", "RunSession(spec, endpoints)")

@@ -14,7 +14,8 @@ import pytest
 
 import harness
 from harness import ConfigError, ScenarioSpec, Stage
-from harness.run.dispatch import check_handlers, run_spec
+from harness.run.core.session import run_scenario
+from harness.run.spec.handlers import check_handlers
 from harness.worker.spec import WorkerSpec
 from tests.support import make_spec, refused
 
@@ -61,7 +62,7 @@ def test_a_handler_that_does_not_import_is_named_before_anything_starts(
 ) -> None:
     # Before: the run started its services and workers, then failed "worker-0 keeps dying before it
     # subscribes" (exit 3) without naming the handler. Endpoints are never touched: it fails first.
-    refused(lambda: run_spec(spec(handler), endpoints=None), named, fix)  # type: ignore[arg-type]
+    refused(lambda: run_scenario(spec(handler), endpoints=None), named, fix)  # type: ignore[arg-type]
 
 
 def test_chain_stages_and_helpers_are_checked_too(project: Path) -> None:
@@ -103,7 +104,7 @@ def test_a_worker_imports_the_users_package_with_the_drivers_path(project: Path)
 
 
 def test_a_forked_worker_imports_the_users_package_too(project: Path) -> None:
-    from harness.run.standby import STANDBY
+    from harness.run.processes.standby import STANDBY
 
     worker = _process_spec(project)
     path = worker.write(project / "run" / "workers" / "relay.json")
@@ -123,7 +124,7 @@ def test_a_spec_written_before_sys_path_existed_still_loads(tmp_path: Path) -> N
 
 def test_run_scenario_is_the_dispatcher_that_honours_the_broker() -> None:
     # Before: harness.run_scenario was the ActiveMQ runner: a Kafka spec ran as STOMP workers.
-    assert harness.run_scenario is run_spec
+    assert harness.run_scenario is run_scenario
 
 
 @pytest.mark.parametrize(
@@ -148,7 +149,7 @@ def test_every_name_a_handler_needs_is_exported(name: str) -> None:
 
 
 def test_every_builtin_scenario_passes_the_checks_a_run_makes_first() -> None:
-    from harness.run.scenarios import available, resolve
+    from harness.run.spec.files import available, resolve
 
     checked = 0
     for name in available():

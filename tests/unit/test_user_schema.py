@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import ConfigError, ScenarioSpec
-from harness.run.schema import Schema
+from harness.run.spec.schema import Schema
 from tests.support import ONEPC, make_spec, refused
 
 ORDERS = {**ONEPC, "name": "orders", "handler": "orders.handlers:naive", "effect_table": "orders"}
@@ -67,10 +67,10 @@ def test_a_bad_schema_is_refused_where_the_spec_is_made(value: object, named: st
 
 
 def test_an_unknown_builtin_name_is_refused_before_the_run_starts() -> None:
-    from harness.run.dispatch import run_spec
+    from harness.run.core.session import run_scenario
 
     bad = spec("orderz", handler="harness.patterns.onepc:naive")
-    refused(lambda: run_spec(bad, endpoints=None), "no built-in schema 'orderz'", "onepc")  # type: ignore[arg-type]
+    refused(lambda: run_scenario(bad, endpoints=None), "no built-in schema 'orderz'", "onepc")  # type: ignore[arg-type]
 
 
 def test_an_empty_or_unreadable_schema_file_is_refused(tmp_path: Path) -> None:

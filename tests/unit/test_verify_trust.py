@@ -24,7 +24,7 @@ from harness.ledger.reader import PARQUET_NAME, compact, read_segments
 from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 from harness.ledger.writer import LedgerWriter
-from harness.run.folder import RunFolder
+from harness.run.core.folder import RunFolder
 from harness.verify import checker
 from harness.verify.assemble import compare_verdicts
 from harness.verify.cli import synth_main, verify_main

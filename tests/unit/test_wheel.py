@@ -83,7 +83,7 @@ import harness
 assert harness.__file__.startswith({str(site)!r}), harness.__file__
 from harness import resources
 from harness.clients.db import SQL_DIR
-from harness.run.scenarios import resolve
+from harness.run.spec.files import resolve
 from harness.stack import dtm, local, docker
 for path in (resources.fixture("jars", "activemq", "pom.xml"), SQL_DIR / "onepc.sql", dtm.CONFIG,
              local.FIXTURES / "toxiproxy" / "proxies.json", docker.COMPOSE_FILE):

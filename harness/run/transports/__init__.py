@@ -1,1 +1,1 @@
-"""The transports a flow's session can run on (``harness.run.transport.Transport``)."""
+"""The transports a flow's session can run on (``harness.run.transports.base.Transport``)."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from harness.clients.activemq import StompClient
 from harness.errors import HarnessError
-from harness.run.folder import RunFolder
+from harness.run.transports.base import RunRecord
 from harness.stack.base import Endpoint
 
 
@@ -19,7 +19,7 @@ class ActiveMQTransport:
 
     name = "activemq"
 
-    def __init__(self, stomp: Endpoint, folder: RunFolder) -> None:
+    def __init__(self, stomp: Endpoint, folder: RunRecord) -> None:
         self.stomp, self.folder = stomp, folder
         self._client: StompClient | None = None
 

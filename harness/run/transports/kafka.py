@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from harness.clients import kafka
 from harness.errors import HarnessError
-from harness.run.folder import RunFolder
+from harness.run.transports.base import RunRecord
 
 
 class KafkaTransport:
@@ -19,7 +19,7 @@ class KafkaTransport:
 
     name = "kafka"
 
-    def __init__(self, bootstrap: str, folder: RunFolder, *, partitions: int) -> None:
+    def __init__(self, bootstrap: str, folder: RunRecord, *, partitions: int) -> None:
         self.bootstrap, self.folder, self.partitions = bootstrap, folder, partitions
         self.topics: list[str] = []
         self._producer: kafka.OutputProducer | None = None

@@ -15,9 +15,9 @@ from typing import Generic, Protocol, TypeVar
 from harness.clients import db
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
-from harness.run.session import RunSession
-from harness.run.supervisor import WorkerPool
-from harness.run.transport import Transport
+from harness.run.core.session import RunSession
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.transports.base import Transport
 
 
 class _Sink(Protocol):

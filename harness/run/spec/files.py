@@ -10,7 +10,7 @@ from types import ModuleType
 
 from harness import resources
 from harness.errors import ConfigError
-from harness.run.spec import ScenarioSpec
+from harness.run.spec.scenario import ScenarioSpec
 
 SUFFIX = "_scenario.py"
 

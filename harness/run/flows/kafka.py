@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from harness.clients import kafka
 from harness.ledger.schema import Kind
-from harness.run.kafka_sink import KafkaSink
-from harness.run.sink_session import SinkSession
-from harness.run.supervisor import WorkerPool
+from harness.run.core.sink_session import SinkSession
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import Flow, register
 from harness.run.transports.kafka import KafkaTransport
-from harness.worker.kafka_options import KafkaStageOptions
+from harness.run.transports.kafka_sink import KafkaSink
+from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
 COMMITTED_POLL_S = 0.25  # how often quiescence asks the coordinator for the group's offsets
@@ -38,12 +40,11 @@ class KafkaRunSession(SinkSession[KafkaSink]):
     ...     result = run.close()
     """
 
-    flow = "kafka"
     late_workers = True
     transport: KafkaTransport
 
     def _setup(self) -> None:
-        self.opts = KafkaStageOptions.from_options(self.spec.options)
+        self.opts = self.spec.settings_as(KafkaStageOptions)
         self.bootstrap = self.endpoints.kafka.address
         self.input_topic, self.output_topic = f"{self.ns}.in", f"{self.ns}.out"
         self.input_dest = self.input_topic
@@ -145,3 +146,23 @@ class KafkaRunSession(SinkSession[KafkaSink]):
                 offset=rec.offset,
             )
         self.folder.step(f"residue of {self.input_topic} past the group's committed offsets {start}")
+
+
+def kafka_flow(name: str, session: type[Any], summary: str, **kw: Any) -> Flow:
+    """Return a flow of Kafka stages: their crash points and actions; no chain, helpers or outbox."""
+    kw.setdefault("parse", KafkaStageOptions.from_options)
+    return Flow(
+        name,
+        "kafka",
+        summary,
+        session=session,
+        points=KAFKA_POINTS,
+        actions=KAFKA_ACTIONS,
+        accepts=frozenset({"poison", "workers"}),
+        refusal="the Kafka run has one consumer stage so far: leave those out",
+        label="Kafka",
+        **kw,
+    )
+
+
+FLOW = register(kafka_flow("kafka", KafkaRunSession, "one consumer-group stage on topics"))

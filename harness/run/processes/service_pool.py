@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.errors import ConfigError, HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.supervisor import Supervised, WorkerPool
+from harness.run.processes.supervisor import Supervised, WorkerPool
 from harness.stack import containers
 from harness.stack.procs import spawn
 

@@ -8,13 +8,10 @@ subscribes". ``RunSession`` calls it before it makes the run's folder.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
+from harness.run.spec.scenario import ScenarioSpec
 from harness.worker.spec import driver_path
-
-if TYPE_CHECKING:
-    from harness.run.spec import ScenarioSpec
 
 
 def check_handlers(spec: ScenarioSpec) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.paths import cache_root
-from harness.run.service import Service, source_files
+from harness.run.spec.service import Service, source_files
 from harness.stack.bootstrap import go_env
 
 

@@ -30,3 +30,12 @@ class Transport(Protocol):
 
     def release(self) -> None:
         """Close the driver's connection and delete the run's destinations (healing)."""
+
+
+class RunRecord(Protocol):
+    """What a transport writes to: the run's id (names its clients) and its steps (the run folder has both)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    def step(self, text: str) -> None: ...

@@ -9,7 +9,7 @@ from harness.clients.kafka import TopicReader, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.sink_base import SinkBase
+from harness.run.transports.sink import SinkBase
 from harness.worker.kafka_context import op_of
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.run.checks import check_int, check_name, check_seconds
+from harness.run.spec.checks import check_int, check_name, check_seconds
 from harness.traps.base import POINTS as TRAP_POINTS
 
 # Each placeholder a service's command, build and env may use, and the protocol it makes the

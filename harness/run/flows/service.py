@@ -26,21 +26,25 @@ from urllib.parse import quote
 
 from harness.errors import ConfigError, HarnessError, ServiceFailed
 from harness.ledger.schema import Kind
-from harness.run.kafka_runner import KafkaRunSession
-from harness.run.registry import SERVICE_ACTIONS
-from harness.run.runner import StageRunSession
-from harness.run.service import Service, fields_of
-from harness.run.service_build import build_dir, ensure_built
-from harness.run.service_pool import Instance, ServicePool
-from harness.run.session import RunResult
-from harness.run.sink_session import SinkSession
-from harness.run.spec import Crash, FaultWindow, ScenarioSpec
-from harness.run.supervisor import WorkerPool
+from harness.run.core.session import RunResult
+from harness.run.core.sink_session import SinkSession
+from harness.run.flows.activemq import StageRunSession
+from harness.run.flows.kafka import KafkaRunSession
+from harness.run.processes.service_build import build_dir, ensure_built
+from harness.run.processes.service_pool import Instance, ServicePool
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import Flow, register
+from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
+from harness.run.spec.service import Service, fields_of
 from harness.stack import containers
 from harness.stack.base import Endpoint, Endpoints
+from harness.traps.base import POINTS as TRAP_POINTS
 from harness.traps.base import Drop, Firing, Freeze, Kill, Trap, TrapSet
 from harness.traps.proxy import TrapProxy
-from harness.worker.crash import CrashArm
+from harness.worker.crash import TRAP_ACTIONS, CrashArm
+from harness.worker.kafka_options import KafkaStageOptions
+
+SERVICE_ACTIONS = TRAP_ACTIONS  # what a trap does to the service instance it fires on
 
 
 def trap_action(name: str, *, group: bool = True) -> Kill | Freeze | Drop:
@@ -304,11 +308,57 @@ def _base_env() -> dict[str, str]:
 class ActiveMQServiceSession(ServiceSession, StageRunSession):
     """A service on STOMP queues: the ``service_activemq`` flow."""
 
-    flow = "service_activemq"
-
 
 class KafkaServiceSession(ServiceSession, KafkaRunSession):
     """A service in a Kafka consumer group: the ``service_kafka`` flow."""
 
-    flow = "service_kafka"
     late_workers = False  # the service must be ready before anything is submitted
+
+
+def _check(spec: ScenarioSpec) -> None:
+    """Refuse a service scenario's crash the service cannot reach (its protocols) or a worker name."""
+    service = spec.service
+    if service is None:
+        raise ConfigError(f"{spec.label} names no service", hint="build it with ScenarioSpec.for_service(service, ...)")
+    reachable = service.points()
+    for crash in spec.crashes:
+        if not service.relays:
+            raise ConfigError(
+                f"service {service.name} has relays=False but {spec.label} arms a trap at {crash.point}",
+                hint="a trap fires in a relay: leave relays=True (the default) or drop the crashes",
+            )
+        if crash.point not in reachable:
+            speaks = ", ".join(sorted(service.protocols())) or "no trapped protocol"
+            raise ConfigError(
+                f"trap point {crash.point!r} is not on a connection of service {service.name} (it speaks {speaks})",
+                hint=f"use one of {', '.join(reachable)}, or give the service the placeholder of that protocol",
+            )
+        if crash.worker is not None:
+            raise ConfigError(
+                f"service crash at {crash.point} names worker {crash.worker!r}",
+                hint="leave worker out: a trap fires on whichever instance reaches it",
+            )
+
+
+def _service_flow(transport: str, session: type[ServiceSession], **kw: Any) -> Flow:
+    return register(
+        Flow(
+            f"service_{transport}",
+            transport,
+            f"a team's own service (any language) on {transport}, crashed by wire-level traps",
+            session=session,
+            points=tuple(TRAP_POINTS),
+            actions=SERVICE_ACTIONS,
+            # Poison operations reach the service through its body template's {poison}.
+            accepts=frozenset({"poison"}),
+            refusal="a service scenario runs the service's own instances: leave those out",
+            check_spec=_check,
+            **kw,
+        )
+    )
+
+
+FLOWS = (
+    _service_flow("activemq", ActiveMQServiceSession),
+    _service_flow("kafka", KafkaServiceSession, parse=KafkaStageOptions.from_options),
+)

@@ -26,13 +26,13 @@ from harness.clients import db
 from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
-from harness.run.kafka_runner import KafkaRunSession
+from harness.run.flows.kafka import KafkaRunSession, kafka_flow
+from harness.run.spec.flow import register
+from harness.run.spec.scenario import ScenarioSpec
 
 
 class CqrsRunSession(KafkaRunSession):
     """A Kafka run whose operations are entity events (``submit``) and whose books are per key."""
-
-    flow = "kafka_cqrs"
 
     def submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
@@ -71,3 +71,21 @@ class CqrsRunSession(KafkaRunSession):
         for key, version, deleted, op in rows:
             self.ledger.emit(Kind.RESIDUE_ENTITY, op=op, dest=REPLICA, key=key, version=int(version), deleted=deleted)
         self.folder.step(f"snapshot apply journal {JOURNAL} ({len(journal)} rows) and replica {REPLICA}")
+
+
+def _check(spec: ScenarioSpec) -> None:
+    if not spec.contract.per_key or spec.contract.expects_downstream:
+        raise ConfigError(
+            f"{spec.label}: a CQRS replica's contract must judge per key and expect no downstream",
+            hint="set contract=FlowContract(expects_downstream=False, per_key=True)",
+        )
+
+
+FLOW = register(
+    kafka_flow(
+        "kafka_cqrs",
+        CqrsRunSession,
+        "entity events keyed by aggregate id into one Kafka replica stage",
+        check_spec=_check,
+    )
+)

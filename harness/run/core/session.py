@@ -8,9 +8,10 @@ the manifest) runs in ``finally`` and at most once, so a Ctrl-C or SIGTERM (rais
 KeyboardInterrupt) never loses what the ledger holds. ``drive`` is the one driver loop: arm,
 submit up to each fault window, hold it, submit the rest.
 
-A flow (``harness.run.registry``) supplies a subclass with small hooks: ``_provision``,
-``_worker_specs``, ``submit``, ``_await_quiescence``, ``_close_books`` and ``_release``.
-``RunSession(spec, endpoints)`` builds the session of the spec's flow.
+A flow (``harness.run.flows``) supplies a subclass with small hooks: ``_provision``,
+``_worker_specs``, ``submit``, ``_await_quiescence``, ``_close_books`` and ``_release``, and
+registers it as its ``Flow``'s session. ``RunSession(spec, endpoints)`` builds the session of the
+spec's flow; ``run_scenario`` (``harness.run_scenario``, the pytest fixture, the CLI) drives one.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from harness.faults.base import active
 from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.folder import RunFolder
-from harness.run.handlers import check_handlers
-from harness.run.schema import Schema
-from harness.run.spec import Crash, FaultWindow, ScenarioSpec
-from harness.run.supervisor import WorkerPool
+from harness.run.core.folder import RunFolder
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import flows
+from harness.run.spec.handlers import check_handlers
+from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
+from harness.run.spec.schema import Schema
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.verify import declared
@@ -90,16 +92,15 @@ class RunSession:
     ...     result = run.close()
     """
 
-    flow: ClassVar[str] = ""  # the name of the registered flow this session runs (``spec.flow.name``)
     # drive() submits the operations before the first fault window before the workers join.
     late_workers: ClassVar[bool] = False
     arm_via: ClassVar[str] = "crash"  # what an arm is in this flow's words: a worker's crash point or a wire "trap"
 
     def __new__(cls, spec: ScenarioSpec, endpoints: Endpoints, **_: Any) -> RunSession:
-        if cls is RunSession:
-            from harness.run.registry import session_class  # the registry names every session class
-
-            cls = session_class(spec)
+        if cls is RunSession and isinstance(spec, ScenarioSpec):
+            session = spec.flow.session  # the session class the flow registered with
+            if isinstance(session, type) and issubclass(session, RunSession):
+                cls = session
         return object.__new__(cls)
 
     def __init__(
@@ -107,9 +108,10 @@ class RunSession:
     ) -> None:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
-        if spec.flow.name != self.flow:
+        runs = next((f for c in type(self).__mro__ for f in flows() if f.session is c), None)
+        if runs is not spec.flow:
             raise ConfigError(
-                f"{spec.label} runs on {spec.flow.name}, not {self.flow}",
+                f"{spec.label} runs on {spec.flow.name}, not {runs.name if runs else type(self).__name__}",
                 hint="build the session with RunSession(spec, endpoints): it picks the flow's session",
             )
         self._check(spec, endpoints)
@@ -393,3 +395,17 @@ class RunSession:
         verdict = replace(verdict, steps=tuple(self.folder.manifest.get("steps", ())))
         verdict.write(path / "verdict.json")
         return RunResult(path, verdict, self.spec)
+
+
+def run_scenario(
+    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+) -> RunResult:
+    """Run ``spec`` with its flow's session and return the result: the one entry point.
+
+    >>> result = run_scenario(spec, endpoints)  # harness.run_scenario; in pytest use txchaos_run(spec)
+    >>> result.verdict.found()
+    {'duplicate-effect': 1}
+    """
+    if not isinstance(spec, ScenarioSpec):
+        raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
+    return RunSession(spec, endpoints, runs_root=runs_root, progress=progress).drive()

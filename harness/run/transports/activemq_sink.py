@@ -8,7 +8,7 @@ from harness.clients.activemq import Message, StompClient, dlq_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.sink_base import SinkBase
+from harness.run.transports.sink import SinkBase
 from harness.stack.base import Endpoint
 
 

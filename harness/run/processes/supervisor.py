@@ -12,7 +12,7 @@ from typing import Protocol
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.standby import STANDBY
+from harness.run.processes.standby import STANDBY
 from harness.stack.procs import Managed, stop
 from harness.worker.spec import WorkerSpec
 
@@ -30,7 +30,7 @@ class Supervised(Protocol):
 class WorkerPool:
     """Keep ``specs`` running as OS processes until ``stop``; restarts are recorded in the ledger.
 
-    Workers are forked from a pre-imported interpreter (``harness.run.standby``), so a restart
+    Workers are forked from a pre-imported interpreter (``harness.run.processes.standby``), so a restart
     after a crash costs ~25 ms, not the third of a second of a cold start.
     """
 

@@ -5,29 +5,27 @@ workers on its input queue (the first fed by ``submit``, each next by the one be
 helper processes (an outbox relay, a service) and an optional transactional outbox. Quiescence
 is every operation out (downstream or dead-lettered) or the flow idle (``_Idleness``) with some
 never out; the books close with the queues' residue, the effect table and the unrelayed outbox
-rows. ``run_scenario`` is the one-shot form (``RunSession.drive``).
+rows.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from harness.clients import db
 from harness.clients.activemq import StompClient, drain
 from harness.ledger.schema import Kind
-from harness.run.session import Progress, RunResult, RunSession, _quiet
-from harness.run.settle import Settlement
-from harness.run.sink import Sink, op_of
-from harness.run.sink_session import SinkSession
-from harness.run.spec import ScenarioSpec
-from harness.run.supervisor import WorkerPool
+from harness.run.core.sink_session import SinkSession
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
 from harness.run.transports.activemq import ActiveMQTransport
-from harness.stack.base import Endpoints
+from harness.run.transports.activemq_sink import Sink, op_of
+from harness.run.transports.settle import Settlement
+from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.spec import WorkerSpec
 
-__all__ = ["IDLE_S", "RunResult", "RunSession", "StageRunSession", "run_scenario"]
+__all__ = ["IDLE_S", "StageRunSession"]
 
 # How long the flow must stay idle before operations that never came out are judged (``_Idleness``):
 # twice the redelivery plugin's 1 s delay, and room for a restarted broker to dispatch again.
@@ -43,7 +41,6 @@ class StageRunSession(SinkSession[Sink]):
     ...     result = run.close()
     """
 
-    flow = "activemq"
     transport: ActiveMQTransport
 
     def _setup(self) -> None:
@@ -222,8 +219,15 @@ class _Idleness:
         return quiet_for >= self.quiet_s and outbox_empty()
 
 
-def run_scenario(
-    spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
-) -> RunResult:
-    """Run ``spec`` against ``endpoints`` with its flow's session and return the result."""
-    return RunSession(spec, endpoints, runs_root=runs_root, progress=progress).drive()
+FLOW = register(
+    Flow(
+        "activemq",
+        "activemq",
+        "a chain of STOMP queue stages with helpers and an outbox",
+        session=StageRunSession,
+        points=STAGE_POINTS,
+        actions=ACTIONS,
+        accepts=frozenset(OPTIONAL_FIELDS),
+        label="stage",
+    )
+)

@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from harness.run.spec import ScenarioSpec
+from harness.run.spec.scenario import ScenarioSpec
 
 # Builds one variant: make(variant, handler, expect=(...), **fields the variant sets itself).
 SpecMaker = Callable[..., ScenarioSpec]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import InitVar, dataclass, field
+from typing import TypeVar
 
 from harness.errors import ConfigError
-from harness.run.checks import (
+from harness.run.spec.checks import (
     check_handler,
     check_identifier,
     check_int,
@@ -15,9 +16,9 @@ from harness.run.checks import (
     check_options,
     check_seconds,
 )
-from harness.run.registry import Flow, flow_named
-from harness.run.schema import Schema
-from harness.run.service import Service
+from harness.run.spec.flow import Flow, flow_named
+from harness.run.spec.schema import Schema
+from harness.run.spec.service import Service
 from harness.verify.model import ANOMALY_CLASSES, FlowContract
 
 
@@ -134,9 +135,10 @@ class Helper:
         check_options(f"helper {self.name} options", self.options)
 
 
-# The default flow: a copy of the registered "activemq" flow, so that a spec can tell an omitted
-# ``flow=`` (deprecated ``broker=`` may then name it) from one given, even as that same Flow.
-_DEFAULT_FLOW = replace(flow_named("activemq"))
+# The stand-in for an omitted ``flow=``: the registered "activemq" flow once the spec is built. A
+# spec tells it from a flow given (deprecated ``broker=`` may then name one) by identity.
+_DEFAULT_FLOW = Flow("activemq", "activemq", "the default flow (resolved when the spec is built)")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ class ScenarioSpec:
     faults: tuple[FaultWindow, ...] = ()
     # Pattern-specific crash points the handlers mark (``ctx.crash_point(name)``), besides the flow's.
     points: tuple[str, ...] = ()
-    # The registered flow that runs the spec (harness.run.registry), given as a Flow or its name:
+    # The registered flow that runs the spec (harness.run.spec.flow), given as a Flow or its name:
     # "activemq" (a chain of queue stages), "kafka" (a consumer group; options include
     # KafkaStageOptions), "kafka_saga" (options include SagaOptions; a crash names its process in
     # ``worker``), "kafka_cqrs" (entity events into a replica) or "dtm" (a 2-phase message
@@ -188,6 +190,8 @@ class ScenarioSpec:
     # Deprecated: the flow's name under its old field name; ``flow=`` says it. Not a field: a spec
     # never stores it (``spec.broker`` reads the InitVar's class default None; read ``spec.flow.name``).
     broker: InitVar[str | None] = None
+    # The flow's typed options, parsed from ``options`` once, when the spec is built (``Flow.parse``).
+    settings: object = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self, broker: str | None) -> None:
         check_name("scenario name", self.name)
@@ -204,10 +208,10 @@ class ScenarioSpec:
         # A name (``flow="kafka"``) or a Flow equal to a registered one becomes the registered Flow.
         given = self.flow
         object.__setattr__(self, "flow", flow_named(given.name if isinstance(given, Flow) else given))
-        if isinstance(given, Flow) and given != self.flow:
+        if isinstance(given, Flow) and given is not _DEFAULT_FLOW and given != self.flow:
             raise ConfigError(
                 f"flow {given.name!r} is not the registered flow of that name",
-                hint="register(Flow(...)) it in harness.run.registry, or pass its name",
+                hint="register(Flow(...)) it in harness.run.spec.flow, or pass its name",
             )
         if self.service is None:
             check_handler(self.handler)
@@ -234,7 +238,8 @@ class ScenarioSpec:
                 f"poison operation number(s) {bad} but the scenario sends {self.messages} messages",
                 hint=f"choose poison numbers from 0 to {self.messages - 1}",
             )
-        self.flow.check(self)  # its fields, options, crash points and actions
+        object.__setattr__(self, "settings", self.flow.parse(self.options))
+        self.flow.check(self)  # its fields, crash points and actions, and its own check
         for crash in self.crashes:
             if crash.op_index is None and crash.nth is None:
                 raise ConfigError(
@@ -318,3 +323,15 @@ class ScenarioSpec:
     @property
     def label(self) -> str:
         return f"{self.name}:{self.variant}"
+
+    def settings_as(self, kind: type[T]) -> T:
+        """Return the flow's typed options (``settings``), checked to be a ``kind``.
+
+        >>> spec.settings_as(KafkaStageOptions).batch_size
+        50
+        """
+        if not isinstance(self.settings, kind):
+            raise TypeError(
+                f"{self.label}: flow {self.flow.name} parses its options into {self.settings!r}, not {kind}"
+            )
+        return self.settings

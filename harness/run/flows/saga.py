@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
 
@@ -34,10 +36,12 @@ from harness.clients import db, kafka
 from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
-from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, SEAT, SagaOptions, first_step_of, step_op
-from harness.run.session import RunSession
-from harness.run.spec import Crash
-from harness.run.supervisor import WorkerPool
+from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT, SagaOptions, first_step_of, step_op
+from harness.run.core.session import RunSession
+from harness.run.flows.kafka import kafka_flow
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import register
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.transports.kafka import KafkaTransport
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
@@ -62,11 +66,9 @@ class SagaRunSession(RunSession):
     ...     result = run.close()
     """
 
-    flow = "kafka_saga"
-
     def _setup(self) -> None:
-        self.saga = SagaOptions.from_options(self.spec.options)
-        self.kopts = KafkaStageOptions.from_options(self.spec.options)
+        settings = self.spec.settings_as(SagaSettings)
+        self.saga, self.kopts = settings.saga, settings.kafka
         self.bootstrap = self.endpoints.kafka.address
         ns = self.ns
         self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
@@ -321,3 +323,35 @@ def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[ka
     finally:
         reader.close()
     return out
+
+
+@dataclass(frozen=True)
+class SagaSettings:
+    """A saga spec's typed options: the saga's variant and its stages' Kafka discipline."""
+
+    saga: SagaOptions
+    kafka: KafkaStageOptions
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> SagaSettings:
+        return cls(SagaOptions.from_options(options), KafkaStageOptions.from_options(options))
+
+
+def _check(spec: ScenarioSpec) -> None:
+    for crash in spec.crashes:
+        if crash.worker not in PROCESSES:
+            raise ConfigError(
+                f"saga crash at {crash.point} names process {crash.worker!r}",
+                hint=f"set Crash(worker=...) to one of {', '.join(PROCESSES)}",
+            )
+
+
+FLOW = register(
+    kafka_flow(
+        "kafka_saga",
+        SagaRunSession,
+        "an orchestrator and two participants, each a Kafka stage",
+        parse=SagaSettings.from_options,
+        check_spec=_check,
+    )
+)

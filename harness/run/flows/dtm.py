@@ -24,6 +24,8 @@ import json
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -33,10 +35,10 @@ from harness.errors import ConfigError, HarnessError
 from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
-from harness.run.registry import dtm_holds
-from harness.run.session import RunSession
-from harness.run.spec import ScenarioSpec
-from harness.run.supervisor import WorkerPool
+from harness.run.core.session import RunSession
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.flow import Flow, register
+from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.worker.spec import WorkerSpec
@@ -47,6 +49,33 @@ REQUEST_S = 15.0  # one transfer request: a held local transaction plus DTM roun
 CONNECT_FOR_S = 10.0  # a refused connection (the service restarting) is retried this long
 
 
+@dataclass(frozen=True)
+class DtmHolds:
+    """A DTM spec's typed options: the held operation numbers (``slow_commits``), how long they are
+    held at most (``hold_s``) and every other transaction's duration (``local_tx_s``: keeps
+    transfers in flight under a fault)."""
+
+    slow: frozenset[int] = frozenset()
+    hold_s: float = 6.0
+    local_tx_s: float = 0.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> DtmHolds:
+        numbers = options.get("slow_commits", [])
+        hold, busy = options.get("hold_s", 6.0), options.get("local_tx_s", 0.0)
+        if (
+            not isinstance(numbers, list | tuple)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)
+            or not isinstance(hold, int | float)
+            or not isinstance(busy, int | float)
+        ):
+            raise ConfigError(
+                f"slow_commits={numbers!r}, hold_s={hold!r}, local_tx_s={busy!r}",
+                hint="give slow_commits as a list of operation numbers, hold_s and local_tx_s in seconds",
+            )
+        return cls(frozenset(numbers), float(hold), float(busy))
+
+
 class DtmRunSession(RunSession):
     """One DTM run, driven step by step.
 
@@ -55,8 +84,6 @@ class DtmRunSession(RunSession):
     ...     run.submit(5)
     ...     result = run.close()
     """
-
-    flow = "dtm"
 
     def _setup(self) -> None:
         # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's
@@ -96,7 +123,7 @@ class DtmRunSession(RunSession):
     def _alone(self) -> set[int]:
         # A killed process takes every request in flight with it, and the scenario's expectation
         # is about the one operation a crash arm or a held commit names: it runs alone.
-        return {c.op_index for c in self.spec.crashes if c.op_index is not None} | dtm_holds(self.spec.options)[0]
+        return {c.op_index for c in self.spec.crashes if c.op_index is not None} | self.spec.settings_as(DtmHolds).slow
 
     def wait_idle(self) -> None:
         self.wait_decided()
@@ -110,7 +137,8 @@ class DtmRunSession(RunSession):
         """
         if poison:
             raise ConfigError("a DTM transfer has no poison form", hint="submit plain transfers")
-        slow, default_hold, busy = dtm_holds(self.spec.options)
+        holds = self.spec.settings_as(DtmHolds)
+        slow, default_hold, busy = holds.slow, holds.hold_s, holds.local_tx_s
         new = self._mint(count)
         held = 0.0
         for op in new:
@@ -218,3 +246,17 @@ class DtmRunSession(RunSession):
             self.ledger.emit(Kind.SUBMIT, op=op, msg=self.gid(op), dest="dtm", by="snapshot")
         debited, credited = self.books = money(engine)
         self.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
+
+
+FLOW = register(
+    Flow(
+        "dtm",
+        "http",
+        "a 2-phase message transfer: a service and its branch over DTM",
+        session=DtmRunSession,
+        accepts=frozenset({"helpers"}),
+        refusal="the DTM run has one service and its helpers (the branch): leave those out",
+        parse=DtmHolds.from_options,
+        label="DTM",
+    )
+)

@@ -1,0 +1,1 @@
+"""The run lifecycle written once: the session, the run folder, the entry point, signals."""
