@@ -30,11 +30,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from harness.errors import ConfigError
 from harness.faults import Latency
-from harness.faults.base import Fault, active
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
 from harness.run.core.session import RunResult
 from harness.run.spec.scenario import ScenarioSpec
+from harness.run.spec.steps import Heal, Open, Step, Submit
 from harness.stack.base import Endpoints
 from harness.verify.fired import fired_count
 from harness.verify.verdict import Verdict
@@ -42,6 +42,8 @@ from harness.verify.verdict import Verdict
 
 class MachineRun(Protocol):
     """What the base needs of a machine's run session (each machine's rules need more of theirs)."""
+
+    def apply(self, step: Step) -> None: ...
 
     @property
     def ledger(self) -> LedgerWriter: ...
@@ -156,25 +158,25 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     def submit(self, n: int) -> None:
         """Submit ``n`` operations with nothing armed."""
         self._step(f"submit({n})")
-        self.run.submit(n)
+        self.do(Submit(n))
 
     # -- the step log and faults ---------------------------------------------------------------
     def _step(self, text: str) -> None:
+        """Log the rule as Hypothesis prints it (the counterexample's program, step by step)."""
         type(self).last_steps.append(text)
 
-    def keep_fault(self, fault: Fault) -> None:
-        """Apply ``fault`` until the next heal (``heal_network`` or teardown), in the run's ledger."""
-        self._faults.enter_context(active(fault, self.run.ledger))
-        self.kept_faults.append(fault.name)
-
-    def hold_fault(self, fault: Fault, hold_s: float) -> None:
-        """Apply ``fault``, let the flow run under it for ``hold_s``, then heal it."""
-        with active(fault, self.run.ledger):
-            time.sleep(hold_s)
+    def do(self, *steps: Step) -> None:
+        """Apply ``steps`` to the example's run: the run folder records them, ``replay`` runs them again."""
+        for step in steps:
+            self.run.apply(step)
+            if isinstance(step, Open):
+                self.kept_faults.append(f"{step.fault!r} on {step.target}")
+            elif isinstance(step, Heal):
+                self.kept_faults.clear()
 
     def _heal(self) -> None:
-        self.kept_faults.clear()
-        self._faults.close()  # heals in reverse order, each recorded; the stack is reusable after
+        if self.kept_faults:
+            self.do(Heal())  # heals in reverse order, each recorded; the stack is reusable after
 
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
@@ -230,7 +232,7 @@ class NetworkMachine(MachineBase[S]):
     def slow_network(self, data: st.DataObject, latency_ms: int) -> None:
         proxy = data.draw(st.sampled_from(type(self).network_proxies), label="proxy")
         self._step(f"slow_network({proxy!r}, {latency_ms})")
-        self.keep_fault(Latency(latency_ms, jitter_ms=10).on(proxy, type(self).endpoints))
+        self.do(Open(Latency(latency_ms, jitter_ms=10), proxy))
 
     @precondition(lambda self: bool(self.kept_faults))
     @rule()

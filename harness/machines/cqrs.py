@@ -33,6 +33,7 @@ from harness.run.core.session import RunResult, RunSession
 from harness.run.flows.cqrs import CqrsRunSession
 from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.run.spec.steps import Arm, Submit
 from harness.stack.base import Endpoints
 
 
@@ -55,8 +56,7 @@ class CqrsMachine(StageMachine):
         self._step(f"crash_at_delete({point!r})")
         n = len(self.run.ops)
         delete = next(i for i in range(n, n + 3) if entity_event(i).tombstone)
-        self.run.arm(Crash(point), op=self.run.op_id(delete))
-        self.run.submit(delete - n + 1)
+        self.do(Arm(Crash(point), at=delete), Submit(delete - n + 1))
 
     def no_duplicate_effect(self) -> None:
         """Not an invariant here: the apply journal repeats every re-apply on purpose."""

@@ -34,6 +34,7 @@ from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
 from harness.run.core.session import RunResult
 from harness.run.flows.dtm import DtmRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.run.spec.steps import Arm, Hold, Idle, Submit
 from harness.stack.base import Endpoints
 
 PROXIES = ("dtm", "postgres")
@@ -71,7 +72,7 @@ class DtmMachine(MachineBase[DtmRunSession]):
     def submit(self, n: int) -> None:
         """Submit ``n`` transfers and let them settle (DTM decides each before the next rule)."""
         super().submit(n)
-        self._settle()
+        self.do(Idle())
 
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
@@ -79,37 +80,27 @@ class DtmMachine(MachineBase[DtmRunSession]):
         point = data.draw(st.sampled_from(type(self).crash_points), label="point")
         self._step(f"arm_crash({point!r})")
         worker = "branch" if point in BRANCH_POINTS else "service"
-        self.run.arm(Crash(point, worker=worker), op=self.run.op_id(len(self.run.ops)))
-        self.run.submit(1)
-        self._settle()
+        self.do(Arm(Crash(point, worker=worker), at=len(self.run.ops)), Submit(1), Idle())
 
     @rule()
     def slow_commit(self) -> None:
         """Submit one transfer whose local transaction is still open when DTM checks back."""
         self._step("slow_commit()")
-        type(self).last_held += self.run.submit(1, hold_s=HOLD_S)
-        self._settle()
+        type(self).last_held.append(self.run.op_id(len(self.run.ops)))
+        self.do(Submit(1, extra=(("hold_s", HOLD_S),)), Idle())
 
     @rule(proxy=st.sampled_from(PROXIES), toxic=st.sampled_from(sorted(TOXICS)))
     def network_fault(self, proxy: str, toxic: str) -> None:
         """Submit two transfers and hold a fault on the service's way to DTM or Postgres for 1 s."""
         self._step(f"network_fault({proxy!r}, {toxic!r})")
-        self.run.submit(2)
-        self.hold_fault(TOXICS[toxic]().on(proxy, type(self).endpoints), 1.0)
-        self._settle()
+        self.do(Submit(2), Hold(TOXICS[toxic](), proxy, 1.0), Idle())
 
     @precondition(lambda self: type(self).dtm_restarts)
     @rule()
     def restart_dtm(self) -> None:
         """Submit two transfers, kill -9 the DTM server and start it again on its store."""
         self._step("restart_dtm()")
-        self.run.submit(2)
-        self.hold_fault(KillBroker("dtm").on(type(self).endpoints), 0.5)
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wait (bounded) until DTM has decided every transfer so far; teardown reports any it has not."""
-        self.run.wait_decided(timeout_s=30.0)
+        self.do(Submit(2), Hold(KillBroker("dtm"), hold_s=0.5), Idle())
 
     # -- the verdict ---------------------------------------------------------------------------
     def no_duplicate_effect(self) -> None:

@@ -33,6 +33,7 @@ from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of
 from harness.run.core.session import RunResult
 from harness.run.flows.saga import SagaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.run.spec.steps import Arm, Submit
 from harness.stack.base import Endpoints
 
 # The windows of every Kafka stage: handed over, DB committed (its outputs not produced yet),
@@ -66,13 +67,13 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
     def refuse_seat(self) -> None:
         """Start one saga whose seat is refused (a semantic error reply): it must be compensated."""
         self._step("refuse_seat()")
-        self.run.submit(1, refuse=True)
+        self.do(Submit(1, extra=(("refuse", True),)))
 
     @rule(fail_times=st.sampled_from(FLAKY))
     def flaky_seat(self, fail_times: int) -> None:
         """Start one saga whose seat request fails ``fail_times`` times with a transient error."""
         self._step(f"flaky_seat({fail_times})")
-        self.run.submit(1, fail_times=fail_times)
+        self.do(Submit(1, extra=(("fail_times", fail_times),)))
 
     @rule(data=st.data())
     def arm_crash(self, data: st.DataObject) -> None:
@@ -87,8 +88,7 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
         else:
             op = step_op(saga, first_step_of(process))
         self._step(f"arm_crash({process!r}, {point!r}, {op.removeprefix(saga) or 'start'!r})")
-        self.run.arm(Crash(point, worker=process), op=op)
-        self.run.submit(1)
+        self.do(Arm(Crash(point, worker=process), op=op), Submit(1))
 
     # -- the verdict ---------------------------------------------------------------------------
     def remember(self, message: str, result: RunResult) -> None:

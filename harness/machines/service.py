@@ -29,6 +29,7 @@ from harness.machines.base import NetworkMachine, bind
 from harness.run.core.session import RunResult, RunSession
 from harness.run.flows.service import ServiceSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.run.spec.steps import Arm, Hold, Kill, Submit, Thaw
 from harness.stack.base import Endpoints
 
 # Points whose message names no operation: armed on the next hit instead (see docs/traps.md).
@@ -71,16 +72,16 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
         action = data.draw(st.sampled_from(cls.trap_actions), label="action")
         self._step(f"arm_trap({point!r}, {action!r})")
         if point in BY_HIT:
-            self.run.arm(Crash(point, nth=self.run.traps.hits(point) + 1, action=action))
+            self.do(Arm(Crash(point, nth=self.run.traps.hits(point) + 1, action=action)))
         else:
-            self.run.arm(Crash(point, action=action), op=self.run.op_id(len(self.run.ops)))
-        self.run.submit(1)
+            self.do(Arm(Crash(point, action=action), at=len(self.run.ops)))
+        self.do(Submit(1))
 
     @rule()
     def thaw(self) -> None:
         """Continue every frozen instance (a no-op when none is frozen)."""
         self._step("thaw()")
-        self.run.thaw()
+        self.do(Thaw())
 
     @precondition(lambda self: type(self).random_kills)
     @rule(data=st.data())
@@ -88,14 +89,14 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
         """SIGKILL an instance wherever it is (between commits or not); it is started again."""
         number = data.draw(st.integers(0, self.run.service.instances - 1), label="instance")
         self._step(f"kill_instance({number})")
-        self.run.kill_instance(number)
+        self.do(Kill(number))
 
     @precondition(lambda self: type(self).broker_restarts)
     @rule()
     def restart_broker(self) -> None:
         """kill -9 the service's broker and start it again on its data, while the service runs."""
         self._step("restart_broker()")
-        self.hold_fault(KillBroker(type(self).spec.flow.transport).on(type(self).endpoints), 0.0)
+        self.do(Hold(KillBroker(type(self).spec.flow.transport), hold_s=0.0))
 
     # -- the verdict ---------------------------------------------------------------------------
     def judge(self, result: RunResult) -> str | None:

@@ -31,6 +31,7 @@ from harness.machines.base import NetworkMachine, bind
 from harness.run.core.session import RunResult, RunSession
 from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.run.spec.steps import Arm, Hold, Submit
 from harness.stack.base import Endpoints
 
 CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")
@@ -80,8 +81,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
         """
         point = data.draw(st.sampled_from(type(self).crash_points), label="point")
         self._step(f"arm_crash({point!r})")
-        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops)))
-        self.run.submit(1)
+        self.do(Arm(Crash(point), at=len(self.run.ops)), Submit(1))
 
     @precondition(lambda self: type(self).batch_crashes and bool(type(self).crash_points))
     @rule(data=st.data(), n=st.integers(min_value=2, max_value=4))
@@ -93,8 +93,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
         """
         point = data.draw(st.sampled_from(type(self).crash_points), label="point")
         self._step(f"crash_in_batch({point!r}, {n})")
-        self.run.arm(Crash(point), op=self.run.op_id(len(self.run.ops) + n - 1))
-        self.run.submit(n)
+        self.do(Arm(Crash(point), at=len(self.run.ops) + n - 1), Submit(n))
 
     @precondition(lambda self: bool(type(self).redelivery_actions))
     @rule(data=st.data())
@@ -104,15 +103,14 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
         point = data.draw(st.sampled_from(cls.redelivery_points), label="point")
         action = data.draw(st.sampled_from(cls.redelivery_actions), label="action")
         self._step(f"force_redelivery({point!r}, {action!r})")
-        self.run.arm(Crash(point, action=action), op=self.run.op_id(len(self.run.ops)))
-        self.run.submit(1)
+        self.do(Arm(Crash(point, action=action), at=len(self.run.ops)), Submit(1))
 
     @precondition(lambda self: type(self).poison)
     @rule()
     def submit_poison(self) -> None:
         """Submit one message that crashes the worker on every delivery."""
         self._step("submit_poison()")
-        self.run.submit(1, poison=True)
+        self.do(Submit(1, poison=True))
 
     @precondition(lambda self: type(self).broker_restarts)
     @rule()
@@ -120,7 +118,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
         """kill -9 the run's broker (ActiveMQ or Kafka) and start it again on its data, while the flow runs."""
         self._step("restart_broker()")
         service = type(self).spec.flow.transport  # the flow's transport is the service to kill
-        self.hold_fault(KillBroker(service).on(type(self).endpoints), 0.0)
+        self.do(Hold(KillBroker(service), hold_s=0.0))
 
     # -- the verdict ---------------------------------------------------------------------------
     def judge(self, result: RunResult) -> str | None:

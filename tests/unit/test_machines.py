@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 from harness.errors import ConfigError
+from harness.faults import Latency
 from harness.ledger.schema import Kind
 from harness.machines.base import MachineBase, NetworkMachine, bind
 from harness.machines.cqrs import CqrsMachine
@@ -25,6 +26,7 @@ from harness.machines.stage import StageMachine, stage_machine
 from harness.machines.targets import TARGETS, Target
 from harness.run.core.session import RunResult
 from harness.run.spec.scenario import ScenarioSpec
+from harness.run.spec.steps import Heal, Open, Step
 from harness.stack.base import Endpoints
 from harness.verify.verdict import Verdict
 
@@ -53,31 +55,19 @@ class Run:
         self.spec = spec
         self.anomalies = anomalies
         self.closed = 0
+        self.applied: list[Step | str] = []
 
     def close(self) -> RunResult:
         self.closed += 1
+        self.applied.append("close")
         verdict = Verdict(self.anomalies, (), {}, "test", seed=self.spec.seed, faults=self.faults)
         return RunResult(self.folder.path, verdict, self.spec)
 
     def duplicate_effects(self) -> list[str]:
         return []
 
-
-@dataclass
-class Toxic:
-    """A fault that records whether it is applied; the base must heal what it kept."""
-
-    name: str
-    on: list[str] = field(default_factory=list)
-
-    def params(self) -> dict[str, object]:
-        return {}
-
-    def apply(self) -> None:
-        self.on.append(f"apply {self.name}")
-
-    def heal(self) -> None:
-        self.on.append(f"heal {self.name}")
+    def apply(self, step: Step) -> None:
+        self.applied.append(step)
 
 
 class Judged(MachineBase[Run]):
@@ -183,36 +173,25 @@ def test_a_clean_run_passes_teardown_and_is_kept_as_the_last_result() -> None:
 
 
 class Faulty(Judged):
-    log: list[str] = []
-    ledgers: list[Ledger] = []
+    runs: list[Run] = []
 
     @rule()
     def submit(self) -> None:  # every step keeps two faults
-        type(self).ledgers.append(self.run.ledger)
-        self.keep_fault(Toxic("latency:a", type(self).log))
-        self.keep_fault(Toxic("latency:b", type(self).log))
-        assert self.kept_faults[-2:] == ["latency:a", "latency:b"]
+        type(self).runs.append(self.run)
+        self.do(Open(Latency(100), "postgres"), Open(Latency(50), "kafka"))
+        assert [f.rsplit(" on ", 1)[1] for f in self.kept_faults[-2:]] == ["postgres", "kafka"]
 
 
-def test_kept_faults_are_recorded_and_healed_in_reverse_before_the_run_closes() -> None:
-    machine = bind(Faulty, _spec(), _endpoints(), "Faulty1", "-", anomalies={}, log=[], ledgers=[])
+def test_kept_faults_are_steps_the_run_applies_and_a_heal_comes_before_the_run_closes() -> None:
+    machine = bind(Faulty, _spec(), _endpoints(), "Faulty1", "-", anomalies={}, runs=[])
     _run(machine, examples=5)
-    applied = [e for e in machine.log if e.startswith("apply")]
-    healed = [e for e in machine.log if e.startswith("heal")]
-    assert applied
-    assert len(applied) == len(healed)  # nothing left applied after any example
-    # Each example applies, then heals everything it applied in reverse order, at teardown.
-    segments: list[list[str]] = []
-    for entry in machine.log:
-        if entry.startswith("apply") and (not segments or segments[-1][-1].startswith("heal")):
-            segments.append([])
-        segments[-1].append(entry)
-    for segment in segments:
-        applied_here = [e.removeprefix("apply ") for e in segment if e.startswith("apply")]
-        assert [e.removeprefix("heal ") for e in segment if e.startswith("heal")] == applied_here[::-1]
-    ledgers = {id(ledger): ledger for ledger in machine.ledgers}.values()  # one per example
-    events = [k for ledger in ledgers for k, _ in ledger.events]
-    assert events.count(Kind.FAULT_START) == events.count(Kind.FAULT_END) == len(applied)
+    runs = {id(run): run for run in machine.runs}.values()  # one per example that kept faults
+    assert runs
+    for run in runs:
+        opened = [s for s in run.applied if isinstance(s, Open)]
+        assert opened
+        # The faults are the run's (it heals them in reverse, recorded); the machine heals them all at teardown.
+        assert run.applied[-2:] == [Heal(), "close"]
 
 
 def test_every_machine_builds_on_the_base_with_one_way_of_applying_faults() -> None:

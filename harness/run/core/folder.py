@@ -14,8 +14,11 @@ from typing import Any
 
 from harness.ledger.schema import SCHEMA_VERSION
 from harness.paths import runs_root
+from harness.run.spec.steps import Step, to_record
 from harness.stack import topology
 from harness.stack.base import Endpoints
+
+STEPS = "steps.jsonl"  # the applied steps, one JSON line each (harness.run.spec.steps)
 
 
 @dataclass
@@ -68,6 +71,11 @@ class RunFolder:
         with self._lock:
             self.manifest.setdefault("steps", []).append(text)
             self.save()
+
+    def record(self, step: Step) -> None:
+        """Append ``step`` to ``steps.jsonl``, the steps as data that ``replay`` runs again (any thread)."""
+        with self._lock, (self.path / STEPS).open("a") as fh:
+            fh.write(json.dumps(to_record(step), default=str) + "\n")
 
     def close_books(self) -> None:
         """Record that the run's end-state snapshot (effect table, residue) is in the ledger.

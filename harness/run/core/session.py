@@ -5,8 +5,10 @@ provisioned, workers started) -> ``arm`` / ``submit`` / ``hold_fault`` as often 
 ``close`` (quiescence, stop workers, close the books into the ledger, mark the folder complete,
 verdict). Healing (stop workers, release the flow's clients and destinations, copy logs, write
 the manifest) runs in ``finally`` and at most once, so a Ctrl-C or SIGTERM (raised as a
-KeyboardInterrupt) never loses what the ledger holds. ``drive`` is the one driver loop: arm,
-submit up to each fault window, hold it, submit the rest.
+KeyboardInterrupt) never loses what the ledger holds. Everything between is a step
+(``harness.run.spec.steps``) that ``apply`` applies and the folder records as data: ``drive``
+turns the spec into steps (start, arm, submit up to each fault window, hold it, submit the rest),
+a state machine emits them, ``harness.run.core.replay`` runs a folder's steps again.
 
 A flow (``harness.run.flows``) supplies a subclass with small hooks: ``_provision``,
 ``_worker_specs``, ``submit``, ``_await_quiescence``, ``_close_books`` and ``_release``, and
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -36,6 +39,7 @@ from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
+from harness.run.spec.steps import Arm, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.verify import declared
@@ -135,6 +139,7 @@ class RunSession:
         self._live = False
         self._started = 0.0
         self._result: RunResult | None = None
+        self._faults = ExitStack()  # the faults ``Open`` applied, healed by ``Heal`` or on close
         self._setup()
 
     # -- hooks a flow's session supplies -------------------------------------------------------
@@ -213,6 +218,7 @@ class RunSession:
         if self._engine is None:
             raise HarnessError("close() of a run that is not open", hint="call open() (or use the session as `with`)")
         try:
+            self._faults.close()  # the final heal: quiescence is judged on a healthy stack
             self.start_workers()
             assert self._pool is not None
             self._await_quiescence(self._pool)
@@ -231,6 +237,7 @@ class RunSession:
             return
         self._live = False
         try:
+            self._faults.close()
             if self._pool is not None:
                 self._pool.stop()
                 self._pool = None
@@ -250,37 +257,94 @@ class RunSession:
         self._heal()
 
     def drive(self) -> RunResult:
-        """Run the spec: arm its crashes, submit up to each fault window and hold it, submit the rest."""
-        spec = self.spec
-        windows = sorted(spec.faults, key=lambda w: w.after_ops)
-        self.open(start_workers=not self.late_workers)
+        """Run the spec: open, apply its steps (``plan``), close."""
+        self.open(start_workers=False)
         try:
-            for crash in spec.crashes:
-                self.arm(crash)
-            if self.late_workers:
-                # A backlog before the group joins: its polled batches are the same on every run of a seed.
-                self.submit_up_to(min([w.after_ops for w in windows] or [spec.messages]))
-                self.start_workers()
-            for window in windows:
-                self.submit_up_to(window.after_ops)
-                self.hold_fault(window)
-            self.submit_up_to(spec.messages)
+            for step in self.plan():
+                self.apply(step)
             return self.close()
         finally:
             self._heal()
 
-    # -- acting while the flow runs ------------------------------------------------------------
-    def submit_up_to(self, count: int) -> None:
-        """Submit operations until ``count`` are out; one ``_alone`` names goes alone between waits."""
+    def plan(self) -> Iterator[Step]:
+        """Yield the spec as steps: start, arm its crashes, submit up to each fault window and hold it,
+        submit the rest (drawn lazily: each submission counts what the steps before it sent)."""
+        spec = self.spec
+        windows = sorted(spec.faults, key=lambda w: w.after_ops)
+        if not self.late_workers:
+            yield Start()
+        for crash in spec.crashes:
+            yield Arm(crash)
+        if self.late_workers:
+            # A backlog before the group joins: its polled batches are the same on every run of a seed.
+            yield from self.submissions(min([w.after_ops for w in windows] or [spec.messages]))
+            yield Start()
+        for window in windows:
+            yield from self.submissions(window.after_ops)
+            yield Hold(window.fault, window.target, window.hold_s)
+        yield from self.submissions(spec.messages)
+
+    def submissions(self, count: int) -> Iterator[Step]:
+        """Yield submissions until ``count`` operations are out; one ``_alone`` names goes alone, idle around it."""
         alone = self._alone()
         while len(self.ops) < count:
             n = len(self.ops)
             if n in alone:
-                self.wait_idle()
-                self.submit(1)
-                self.wait_idle()
+                yield from (Idle(), Submit(1), Idle())
             else:
-                self.submit(min([a for a in alone if n < a < count] or [count]) - n)
+                yield Submit(min([a for a in alone if n < a < count] or [count]) - n)
+
+    # -- acting while the flow runs ------------------------------------------------------------
+    def apply(self, step: Step) -> None:
+        """Apply one step to the open run, recorded first in the folder's ``steps.jsonl``."""
+        self.engine("apply")  # refuses a run that is not open
+        self.folder.record(step)
+        submit: Callable[..., list[str]] = self.submit
+        match step:
+            case Start():
+                self.start_workers()
+            case Submit(count=count, poison=poison, extra=extra):
+                submit(count, poison=poison, **dict(extra))
+            case Arm(crash=crash, at=at, op=op):
+                if at is None and op is None and crash.op_index is None and crash.nth is None:
+                    raise ConfigError(f"arm at {crash.point} names no operation", hint="give at=, op_index= or nth=")
+                self.arm(crash, op=op if op is not None else None if at is None else self.op_id(at))
+            case Open(fault=fault, target=target):
+                self.folder.step(f"fault {fault!r}{f' on {target}' if target else ''} until healed")
+                self._faults.enter_context(self._under_fault(fault, target))
+            case Hold(fault=fault, target=target, hold_s=hold_s):
+                self._hold(fault, target, hold_s)
+            case Heal():
+                self._faults.close()
+                self._faults = ExitStack()
+            case Kill(instance=instance):
+                self.kill_instance(instance)
+            case Thaw():
+                self.thaw()
+            case Idle():
+                self.wait_idle()
+
+    def _under_fault(self, fault: Any, target: str | None) -> AbstractContextManager[object]:
+        """Return ``fault`` bound to this stack, applied while the context is open and recorded in the ledger."""
+        bound = fault.on(self.endpoints) if target is None else fault.on(target, self.endpoints)
+        return active(bound, self.ledger)
+
+    def _hold(self, fault: Any, target: str | None, hold_s: float) -> None:
+        self.folder.step(f"fault {fault!r}{f' on {target}' if target else ''} for {hold_s}s")
+        with self._under_fault(fault, target):
+            time.sleep(hold_s)
+        self.progress(f"healed {fault!r}")
+
+    def kill_instance(self, number: int = 0) -> None:
+        """SIGKILL instance ``number`` of the flow's processes (a flow with instances of its own says how)."""
+        raise ConfigError(
+            f"{self.spec.flow.name} runs no instance a step can kill",
+            hint="arm a crash point instead: Arm(Crash(point, action='kill'), at=n)",
+        )
+
+    def thaw(self) -> int:
+        """Continue every frozen instance; return how many (a flow without traps freezes none)."""
+        return 0
 
     def _mint(self, count: int) -> list[str]:
         return [self.op_id(next(self._numbers)) for _ in range(count)]
@@ -322,12 +386,7 @@ class RunSession:
 
     def hold_fault(self, window: FaultWindow) -> None:
         """Apply ``window``'s fault, let the flow run under it for ``hold_s``, then heal it."""
-        fault: Any = window.fault
-        bound = fault.on(self.endpoints) if window.target is None else fault.on(window.target, self.endpoints)
-        self.folder.step(f"fault {window.describe()}")
-        with active(bound, self.ledger):
-            time.sleep(window.hold_s)
-        self.progress(f"healed {bound.name}")
+        self.apply(Hold(window.fault, window.target, window.hold_s))
 
     def op_id(self, n: int) -> str:
         """Return the id of the run's operation number ``n`` (deterministic, so a seed replays)."""

@@ -20,6 +20,8 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,7 +36,7 @@ from harness.run.processes.service_build import build_dir, ensure_built
 from harness.run.processes.service_pool import Instance, ServicePool
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
-from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
+from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.service import Service, fields_of
 from harness.stack import containers
 from harness.stack.base import Endpoint, Endpoints
@@ -261,12 +263,15 @@ class ServiceSession(SinkSession[Any]):
         self.ledger.emit(Kind.CRASH, point="kill", stage=self.service.name, worker=name, action="kill")
         self.folder.step(f"kill instance {name}")
 
-    def hold_fault(self, window: FaultWindow) -> None:
+    @contextmanager
+    def _under_fault(self, fault: Any, target: str | None) -> Iterator[object]:
+        """The fault applied as for any flow; meanwhile an instance that ends is explained by it."""
         pool = self._pool
         if isinstance(pool, ServicePool):
             pool.fault_on()
         try:
-            super().hold_fault(window)
+            with super()._under_fault(fault, target) as bound:
+                yield bound
         finally:
             if isinstance(pool, ServicePool):
                 pool.fault_off()

@@ -1,0 +1,75 @@
+"""Steps as data on the real stack: a run records the steps it applied, and they replay to the same verdict.
+
+A counterexample is its steps: the run folder's ``steps.jsonl`` is what ``replay`` runs again on a
+fresh run of the same spec, no Hypothesis in the loop. Faults a step opens are the run's: healed by
+a ``Heal`` in reverse order, or by ``close`` before quiescence at the latest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from harness import Crash, FaultWindow, RunSession
+from harness.clients.toxiproxy import ToxiproxyAdmin
+from harness.faults import Latency
+from harness.ledger.reader import read_ledger
+from harness.ledger.schema import Kind
+from harness.run.core.replay import load_steps, replay
+from harness.run.core.session import run_scenario
+from harness.run.spec.steps import Arm, Heal, Hold, Open, Start, Submit
+from harness.stack.base import Endpoints
+from tests.support import make_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.activemq]
+
+
+def test_a_run_records_its_steps_and_they_replay_to_the_same_verdict(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    spec = make_spec(
+        messages=5,
+        crashes=(Crash("after_db_commit", op_index=2),),
+        faults=(FaultWindow(Latency(30), after_ops=3, hold_s=0.3, target="postgres"),),
+        expect=frozenset({"duplicate-effect"}),
+    )
+    first = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    steps = load_steps(first.run_dir)
+    assert steps == [
+        Start(),
+        Arm(Crash("after_db_commit", op_index=2)),
+        Submit(3),
+        Hold(Latency(30), "postgres", 0.3),
+        Submit(2),
+    ]
+    again = replay(spec, txchaos_stack, steps, runs_root=tmp_path)
+    assert again.run_dir != first.run_dir
+    assert first.verdict.found() == again.verdict.found() == {"duplicate-effect": 1}
+    assert first.verdict.ops("duplicate-effect") == again.verdict.ops("duplicate-effect") == {"naive-s0-op00002"}
+    assert load_steps(again.run_dir) == steps
+
+
+def test_faults_opened_by_steps_heal_in_reverse_by_heal_and_by_close(
+    txchaos_stack: Endpoints, tmp_path: Path
+) -> None:
+    admin = ToxiproxyAdmin(txchaos_stack.toxiproxy_api)
+    with RunSession(make_spec(messages=2), txchaos_stack, runs_root=tmp_path) as run:
+        run.apply(Open(Latency(20), "postgres"))
+        run.apply(Open(Latency(10), "activemq_stomp"))
+        assert admin.toxics("postgres")
+        assert admin.toxics("activemq_stomp")
+        run.apply(Heal())
+        assert not admin.toxics("postgres")
+        assert not admin.toxics("activemq_stomp")
+        run.apply(Open(Latency(20), "postgres"))  # left open: close heals it before quiescence
+        run.apply(Submit(2))
+        result = run.close()
+    assert not admin.toxics("postgres")
+    assert result.verdict.clean
+    events = read_ledger(result.run_dir / "ledger")
+    faults = events.filter(pc.is_in(events["kind"], pc.array([Kind.FAULT_START.value, Kind.FAULT_END.value])))
+    order = [(k, d) for k, d in zip(faults["kind"].to_pylist(), faults["point"].to_pylist(), strict=True)]
+    assert [k for k, _ in order] == ["fault_start", "fault_start", "fault_end", "fault_end", "fault_start", "fault_end"]
+    # Healed in reverse: the last opened is the first healed.
+    assert order[2][1] == order[1][1]
+    assert order[3][1] == order[0][1]

@@ -1,0 +1,90 @@
+"""Steps as data: each kind round-trips through its record, a bad record or value is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.faults import KillBroker, Latency, Partition, ResetPeer
+from harness.run.core.folder import STEPS, RunFolder
+from harness.run.core.replay import load_steps
+from harness.run.spec.scenario import Crash
+from harness.run.spec.steps import (
+    VOCABULARY,
+    Arm,
+    Heal,
+    Hold,
+    Idle,
+    Kill,
+    Open,
+    Start,
+    Submit,
+    Thaw,
+    describe,
+    from_record,
+    to_record,
+)
+from tests.support import refused
+
+EVERY_KIND = [
+    Start(),
+    Submit(3),
+    Submit(1, poison=True),
+    Submit(1, extra=(("refuse", True), ("hold_s", 2.5))),
+    Arm(Crash("after_db_commit"), at=2),
+    Arm(Crash("pg_after_commit", nth=3, action="freeze")),
+    Arm(Crash("after_db_commit", worker="payment"), op="naive-s1-op00002.pay"),
+    Open(Latency(150, jitter_ms=10), "postgres"),
+    Open(Partition(), "kafka"),
+    Hold(ResetPeer(), "activemq_stomp", 0.5),
+    Hold(KillBroker("activemq"), hold_s=0.0),
+    Heal(),
+    Kill(1),
+    Thaw(),
+    Idle(),
+]
+
+
+def test_the_vocabulary_is_every_kind() -> None:
+    assert {type(s) for s in EVERY_KIND} == set(VOCABULARY.values())
+
+
+@pytest.mark.parametrize("step", EVERY_KIND, ids=lambda s: describe(s))
+def test_each_step_round_trips_through_json(step: object) -> None:
+    record = json.loads(json.dumps(to_record(step)))  # type: ignore[arg-type]
+    assert from_record(record) == step
+    assert record["step"] in VOCABULARY
+
+
+def test_a_step_reads_as_a_line_for_people() -> None:
+    assert describe(Arm(Crash("after_db_commit"), at=2)) == "arm kill at after_db_commit on op #2"
+    assert describe(Arm(Crash("pg_after_commit", nth=3, action="freeze"))) == "arm freeze at pg_after_commit on hit #3"
+    assert describe(Submit(2, extra=(("refuse", True),))) == "submit 2, refuse=True"
+    assert describe(Thaw()) == "thaw"
+
+
+def test_bad_steps_are_refused_naming_the_value_and_the_fix() -> None:
+    refused(lambda: Submit(0), "submit count", "0")
+    refused(lambda: Arm("after_db_commit"), "is not a Crash", "Arm(Crash(")  # type: ignore[arg-type]
+    refused(lambda: Arm(Crash("x"), at=1, op="a-op1"), "at=1", "op=")
+    refused(lambda: Open(Latency(10), "nowhere"), "'nowhere'", "activemq_stomp")
+    refused(lambda: Open("latency", "postgres"), "not a fault spec", "Latency(")
+    refused(lambda: Hold(Latency(10), "postgres", -1), "hold_s")
+    refused(lambda: from_record({"step": "dance"}), "dance", "to_record")
+    refused(lambda: from_record({"step": "submit", "cont": 2}), "cont", "to_record")
+    refused(lambda: from_record({"step": "open", "fault": {"kind": "Meteor"}}), "Meteor", "harness.faults")
+
+
+def test_a_folder_records_steps_in_order_and_load_steps_reads_them_back(tmp_path: Path) -> None:
+    folder = RunFolder.create("m", "v", 0, tmp_path)
+    for step in EVERY_KIND:
+        folder.record(step)
+    assert load_steps(folder.path) == EVERY_KIND
+
+
+def test_load_steps_refuses_a_folder_without_steps_and_a_damaged_line(tmp_path: Path) -> None:
+    refused(lambda: load_steps(tmp_path), str(tmp_path), STEPS)
+    (tmp_path / STEPS).write_text('{"step": "start"}\n{"step": "sub\n')
+    refused(lambda: load_steps(tmp_path), f"{STEPS}:2", "damaged")
