@@ -69,7 +69,7 @@ _EXPORTS = {
     "Helper": "harness.run.spec.scenario",
     "ProcessContext": "harness.worker.process",
     "ScenarioSpec": "harness.run.spec.scenario",
-    "RunResult": "harness.run.core.session",
+    "RunResult": "harness.run.core.outcome",
     # Every registered flow (harness.run.spec.flow): a Kafka, saga, CQRS or DTM spec runs as it says.
     "run_scenario": "harness.run.core.session:run_scenario",
     "check_handlers": "harness.run.spec.handlers",
@@ -170,7 +170,8 @@ if TYPE_CHECKING:
     from harness.machines.profiles import profile
     from harness.machines.stage import StageMachine, stage_machine
     from harness.patterns.saga_options import SagaOptions
-    from harness.run.core.session import RunResult, RunSession, run_scenario
+    from harness.run.core.outcome import RunResult
+    from harness.run.core.session import RunSession, run_scenario
     from harness.run.spec.flow import Flow
     from harness.run.spec.handlers import check_handlers
     from harness.run.spec.scenario import Crash, FaultWindow, Helper, ScenarioSpec, Stage

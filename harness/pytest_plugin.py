@@ -28,7 +28,7 @@ import pytest
 
 if TYPE_CHECKING:
     from harness.run.core.crosscheck import SparkCrossCheck
-    from harness.run.core.session import RunResult
+    from harness.run.core.outcome import RunResult
     from harness.run.core.signals import Seen
     from harness.run.spec.scenario import ScenarioSpec
     from harness.stack.base import Endpoints, StackProvider

@@ -32,7 +32,7 @@ from harness.errors import ConfigError
 from harness.faults import Latency
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Heal, Open, Step, Submit
 from harness.stack.base import Endpoints

@@ -29,7 +29,8 @@ from hypothesis.stateful import rule
 from harness.machines.base import bind
 from harness.machines.stage import KAFKA_RULES, StageMachine
 from harness.patterns.kafka_cqrs import entity_event
-from harness.run.core.session import RunResult, RunSession
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import RunSession
 from harness.run.flows.cqrs import CqrsRunSession
 from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec

@@ -31,7 +31,7 @@ from hypothesis.stateful import precondition, rule
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.machines.base import MachineBase, bind, failure
 from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.run.flows.dtm import DtmRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Idle, Submit

@@ -30,7 +30,7 @@ from hypothesis.stateful import rule
 
 from harness.machines.base import NetworkMachine, bind, failure
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.run.flows.saga import SagaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Submit

@@ -1,6 +1,6 @@
 """A state machine for a team's own service: submit, arm wire traps, freeze and thaw, kill, slow the network.
 
-Each example is one run of the service scenario (``ServiceSession``): its instances started
+Each example is one run of the service scenario (its processes part ``ServiceInstances``): its instances started
 behind their trap relays, tables truncated, toxics removed. The rules act while the service
 runs; the verdict after quiescence (and any duplicate effect seen meanwhile) is judged in
 ``teardown``, with the run folder, the seed and the step list, and Hypothesis shrinks a failure
@@ -26,8 +26,9 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
-from harness.run.core.session import RunResult, RunSession
-from harness.run.flows.service import ServiceSession
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import RunSession
+from harness.run.flows.service import ServiceInstances
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Kill, Submit, Thaw
 from harness.stack.base import Endpoints
@@ -37,7 +38,7 @@ BY_HIT = ("kafka_before_offset_commit",)
 PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka", "openwire": "activemq_openwire"}
 
 
-class ServiceMachine(NetworkMachine[ServiceSession]):
+class ServiceMachine(NetworkMachine[RunSession]):
     """Drive ``spec``'s service against ``endpoints`` (class attributes, set by ``service_machine``)."""
 
     flows: ClassVar[tuple[str, ...]] = ("service_activemq", "service_kafka")
@@ -52,13 +53,20 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
     # (Hypothesis then cannot shrink it); the traps kill at a named point, the same on every replay.
     random_kills: ClassVar[bool] = False
 
-    def open_session(self, spec: ScenarioSpec) -> ServiceSession:
+    def open_session(self, spec: ScenarioSpec) -> RunSession:
         if spec.service is not None:  # frozen instances hold the example up: thaw them sooner
             service = replace(spec.service, freeze_s=min(spec.service.freeze_s, type(self).freeze_cap_s))
             spec = replace(spec, service=service)
         session = RunSession(spec, type(self).endpoints)
-        assert isinstance(session, ServiceSession)
+        assert isinstance(session.processes, ServiceInstances)  # a service flow's part
         return session.open()
+
+    @property
+    def instances(self) -> ServiceInstances:
+        """The example's service instances and their traps (the run's processes part)."""
+        processes = self.run.processes
+        assert isinstance(processes, ServiceInstances)
+        return processes
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(data=st.data())
@@ -72,7 +80,7 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
         action = data.draw(st.sampled_from(cls.trap_actions), label="action")
         self._step(f"arm_trap({point!r}, {action!r})")
         if point in BY_HIT:
-            self.do(Arm(Crash(point, nth=self.run.traps.hits(point) + 1, action=action)))
+            self.do(Arm(Crash(point, nth=self.instances.traps.hits(point) + 1, action=action)))
         else:
             self.do(Arm(Crash(point, action=action), at=len(self.run.ops)))
         self.do(Submit(1))
@@ -87,7 +95,7 @@ class ServiceMachine(NetworkMachine[ServiceSession]):
     @rule(data=st.data())
     def kill_instance(self, data: st.DataObject) -> None:
         """SIGKILL an instance wherever it is (between commits or not); it is started again."""
-        number = data.draw(st.integers(0, self.run.service.instances - 1), label="instance")
+        number = data.draw(st.integers(0, self.instances.service.instances - 1), label="instance")
         self._step(f"kill_instance({number})")
         self.do(Kill(number))
 

@@ -28,7 +28,8 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
-from harness.run.core.session import RunResult, RunSession
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import RunSession
 from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Submit

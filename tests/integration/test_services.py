@@ -21,7 +21,8 @@ from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
 from harness.machines.profiles import profile
 from harness.machines.service import service_machine
-from harness.run.core.session import RunResult, run_scenario
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import run_scenario
 from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints
 from harness.stack.procs import TAG_VAR

@@ -12,7 +12,8 @@ import pytest
 from harness import Crash
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.run.core.session import RunResult, run_scenario
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import run_scenario
 from harness.run.processes.service_build import ensure_built
 from harness.run.spec.files import load_file
 from harness.stack.base import Endpoints

@@ -26,7 +26,7 @@ ADAPTERS = {
 # Layers, lowest first: a module may import only from its own layer or below.
 LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
-    {"errors", "paths", "resources", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
+    {"errors", "paths", "poll", "resources", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
     {"stack", "clients", "traps"},
     {"ledger", "worker", "patterns", "faults"},
     {"verify"},

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.run.core.crosscheck import SPARK_VERDICT, SparkCrossCheck
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.run.spec.scenario import ScenarioSpec
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of

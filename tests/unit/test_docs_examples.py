@@ -79,7 +79,7 @@ class _Result:
 
 def test_the_docs_hold_python_examples() -> None:
     assert len(BLOCKS) >= 12, [where for where, _ in BLOCKS]
-    assert {w.split(":")[0] for w, _ in STACK_BLOCKS} == {"docs/faults.md", "docs/traps.md"}
+    assert {w.split(":")[0] for w, _ in STACK_BLOCKS} == {"docs/architecture.md", "docs/faults.md", "docs/traps.md"}
 
 
 def test_the_services_doc_says_the_amount_the_harness_sends() -> None:

@@ -24,7 +24,7 @@ from harness.machines.saga import SagaMachine
 from harness.machines.search import check_failure_text, hunt_target
 from harness.machines.stage import StageMachine, stage_machine
 from harness.machines.targets import TARGETS, Target
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Heal, Open, Step
 from harness.stack.base import Endpoints

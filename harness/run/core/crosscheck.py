@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.run.core.session import RunResult
+from harness.run.core.outcome import RunResult
 from harness.verify.assemble import compare_verdicts
 from harness.verify.verdict import Verdict
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.run.core.folder import STEPS
-from harness.run.core.session import Progress, RunResult, RunSession, _quiet
+from harness.run.core.outcome import Progress, RunResult, _quiet
+from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Step, from_record
 from harness.stack.base import Endpoints

@@ -21,19 +21,18 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 from harness.clients import db
-from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import active
-from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
+from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
+from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spec
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
@@ -43,48 +42,15 @@ from harness.run.spec.steps import Arm, Heal, Hold, Idle, Kill, Open, Start, Ste
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.verify import declared
-from harness.verify.checker import check_run
-from harness.verify.verdict import Verdict
 from harness.worker.crash import CrashArm, write_arms
 from harness.worker.spec import WorkerSpec
 
-Progress = Callable[[str], None]
 
-
-def _quiet(_: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A finished run: its folder and verdict, and whether the verdict is what the spec expects."""
-
-    run_dir: Path
-    verdict: Verdict
-    spec: ScenarioSpec
-
-    @property
-    def as_expected(self) -> bool:
-        """Tell whether the verdict found exactly the expected classes and every requested fault fired."""
-        return set(self.verdict.found()) == set(self.spec.expect) and not self.verdict.unfired
-
-
-def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
-    """Open the run's folder and ledger: manifest, run_start event, no crash armed."""
-    folder.start(spec, endpoints)
-    ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
-    write_arms(folder.path, [])
-
-
-def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> db.Engine:
-    """Give the run a clean stack: its schema applied, every table empty, no toxic left."""
-    engine = db.engine(endpoints.postgres_url)
-    db.apply_schema(engine, spec.schema)
-    declared.check(engine, spec.contract)  # the team's effect queries and invariants, against the real schema
-    db.truncate_all(engine)
-    ToxiproxyAdmin(endpoints.toxiproxy_api).reset()
-    folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
-    return engine
+@contextmanager
+def _both(outer: AbstractContextManager[object], inner: AbstractContextManager[object]) -> Iterator[object]:
+    """Enter ``outer`` then ``inner``; leave them in reverse."""
+    with outer, inner as value:
+        yield value
 
 
 class RunSession:
@@ -98,7 +64,6 @@ class RunSession:
 
     # drive() submits the operations before the first fault window before the workers join.
     late_workers: ClassVar[bool] = False
-    arm_via: ClassVar[str] = "crash"  # what an arm is in this flow's words: a worker's crash point or a wire "trap"
 
     def __new__(cls, spec: ScenarioSpec, endpoints: Endpoints, **_: Any) -> RunSession:
         if cls is RunSession and isinstance(spec, ScenarioSpec):
@@ -112,13 +77,16 @@ class RunSession:
     ) -> None:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
-        runs = next((f for c in type(self).__mro__ for f in flows() if f.session is c), None)
-        if runs is not spec.flow:
+        registered: object = spec.flow.session  # (an object: mypy cannot compare a class with a Callable)
+        if registered is not type(self):
+            runs = [f.name for f in flows() if f.session is type(self)]
             raise ConfigError(
-                f"{spec.label} runs on {spec.flow.name}, not {runs.name if runs else type(self).__name__}",
+                f"{spec.label} runs on {spec.flow.name}, not {' or '.join(runs) or type(self).__name__}",
                 hint="build the session with RunSession(spec, endpoints): it picks the flow's session",
             )
         self._check(spec, endpoints)
+        parts = cast(ProcessesKind, spec.flow.processes) if spec.flow.processes else WORKERS
+        parts.check(spec, endpoints)
         # Before the folder exists: a handler that does not import fails naming itself, not as
         # "worker-0 keeps dying before it subscribes", and leaves no half-made run behind.
         check_handlers(spec)
@@ -140,7 +108,9 @@ class RunSession:
         self._started = 0.0
         self._result: RunResult | None = None
         self._faults = ExitStack()  # the faults ``Open`` applied, healed by ``Heal`` or on close
+        self.group = f"{self.ns}.group"  # the consumer group of a flow (or a service) that has one
         self._setup()
+        self.processes: Processes = parts(self)
 
     # -- hooks a flow's session supplies -------------------------------------------------------
     def _setup(self) -> None:
@@ -154,14 +124,6 @@ class RunSession:
 
     def _worker_specs(self) -> list[WorkerSpec]:
         raise NotImplementedError
-
-    def _make_pool(self) -> WorkerPool:
-        """Return the pool of the flow's processes (not started)."""
-        return WorkerPool(self._worker_specs(), self.folder.path, self.ledger)
-
-    def _start_timeout_s(self) -> float:
-        """Return how long the processes may take to be ready."""
-        return 60.0
 
     def _announce_workers(self) -> None:
         """Write the folder steps that say which processes started."""
@@ -196,6 +158,7 @@ class RunSession:
             self._engine = reset_state(spec, ep, folder)
             (folder.path / "endpoints.json").write_text(ep.to_json())
             self._provision()
+            self.processes.provision()
             if start_workers:
                 self.start_workers()
         except BaseException:
@@ -207,9 +170,9 @@ class RunSession:
         """Start the flow's worker processes (once)."""
         if self._pool is not None:
             return
-        self._pool = self._make_pool()
-        self._pool.start(self._start_timeout_s())
-        self._announce_workers()
+        self._pool = self.processes.make_pool()
+        self._pool.start(self.processes.start_timeout_s)
+        self.processes.announce()
 
     def close(self) -> RunResult:
         """Wait for quiescence, close the books and return the verdict; heals in any case."""
@@ -230,6 +193,7 @@ class RunSession:
         finally:
             self._heal()
         self._result = self._verdict()
+        self.processes.after_close()  # a service that failed by itself says so once the books are closed
         return self._result
 
     def _heal(self) -> None:
@@ -241,6 +205,7 @@ class RunSession:
             if self._pool is not None:
                 self._pool.stop()
                 self._pool = None
+            self.processes.release()
             self._release()
         finally:
             if self._engine is not None:
@@ -271,11 +236,12 @@ class RunSession:
         submit the rest (drawn lazily: each submission counts what the steps before it sent)."""
         spec = self.spec
         windows = sorted(spec.faults, key=lambda w: w.after_ops)
-        if not self.late_workers:
+        late = self.late_workers and self.processes.may_join_late
+        if not late:
             yield Start()
         for crash in spec.crashes:
             yield Arm(crash)
-        if self.late_workers:
+        if late:
             # A backlog before the group joins: its polled batches are the same on every run of a seed.
             yield from self.submissions(min([w.after_ops for w in windows] or [spec.messages]))
             yield Start()
@@ -327,7 +293,7 @@ class RunSession:
     def _under_fault(self, fault: Any, target: str | None) -> AbstractContextManager[object]:
         """Return ``fault`` bound to this stack, applied while the context is open and recorded in the ledger."""
         bound = fault.on(self.endpoints) if target is None else fault.on(target, self.endpoints)
-        return active(bound, self.ledger)
+        return _both(self.processes.during_fault(), active(bound, self.ledger))
 
     def _hold(self, fault: Any, target: str | None, hold_s: float) -> None:
         self.folder.step(f"fault {fault!r}{f' on {target}' if target else ''} for {hold_s}s")
@@ -336,15 +302,12 @@ class RunSession:
         self.progress(f"healed {fault!r}")
 
     def kill_instance(self, number: int = 0) -> None:
-        """SIGKILL instance ``number`` of the flow's processes (a flow with instances of its own says how)."""
-        raise ConfigError(
-            f"{self.spec.flow.name} runs no instance a step can kill",
-            hint="arm a crash point instead: Arm(Crash(point, action='kill'), at=n)",
-        )
+        """SIGKILL instance ``number`` of the flow's processes now; they start it again."""
+        self.processes.kill(number)
 
     def thaw(self) -> int:
-        """Continue every frozen instance; return how many (a flow without traps freezes none)."""
-        return 0
+        """Continue every frozen instance; return how many (processes without traps freeze none)."""
+        return self.processes.thaw()
 
     def _mint(self, count: int) -> list[str]:
         return [self.op_id(next(self._numbers)) for _ in range(count)]
@@ -357,31 +320,17 @@ class RunSession:
         """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
         if op is None:
             op = self._arm_op(crash)
-        arm = CrashArm(
-            id=f"arm-{len(self.arms)}",
-            point=crash.point,
-            op=op,
-            nth=crash.nth,
-            action=crash.action,
-            worker=crash.worker,
-        )
+        arm = CrashArm(f"arm-{len(self.arms)}", crash.point, op, crash.worker, crash.nth, crash.action)
         self.arms.append(arm)
         # Before the arm is live: the verdict accounts for every request (verify/fired.py), and
         # ``op`` stays empty so the request never stretches the operation's span.
-        self.ledger.emit(
-            Kind.ARM,
-            point=crash.point,
-            arm=arm.id,
-            target_op=op,
-            nth=crash.nth,
-            action=crash.action,
-            worker=crash.worker,
-            via=self.arm_via,
-        )
+        fields: dict[str, Any] = {"point": arm.point, "nth": arm.nth, "action": arm.action, "worker": arm.worker}
+        self.ledger.emit(Kind.ARM, arm=arm.id, target_op=op, via=self.processes.arm_via, **fields)
         write_arms(self.folder.path, self.arms)
         on = f"op {op}" if op else f"hit #{crash.nth}"
         who = f" in {crash.worker}" if crash.worker else ""
         self.folder.step(f"arm {crash.action} at {crash.point} on {on}{who}")
+        self.processes.armed(crash, arm)
         return arm
 
     def hold_fault(self, window: FaultWindow) -> None:
@@ -408,29 +357,9 @@ class RunSession:
         return self._pool.restarts if self._pool else 0
 
     # -- shared by the flows -------------------------------------------------------------------
-    def _worker(
-        self,
-        name: str,
-        handler: str,
-        *,
-        stage: str | None = None,
-        input_queue: str,
-        output_queue: str | None,
-        options: dict[str, object],
-        kind: str,
-    ) -> WorkerSpec:
-        """Return the spec of one worker process of this run."""
-        return WorkerSpec(
-            name=name,
-            run_dir=str(self.folder.path),
-            endpoints_path=str(self.folder.path / "endpoints.json"),
-            handler=handler,
-            stage=stage or name,
-            input_queue=input_queue,
-            output_queue=output_queue,
-            options=options,
-            kind=kind,
-        )
+    def _worker(self, name: str, handler: str, **fields: Any) -> WorkerSpec:
+        """Return the spec of one worker process of this run (``worker_spec``'s fields)."""
+        return worker_spec(self.folder.path, name, handler, **fields)
 
     def _snapshot_effect_table(self, engine: db.Engine) -> None:
         table, column = self.spec.effect_table, self.spec.effect_column
@@ -444,16 +373,7 @@ class RunSession:
         self.folder.step(f"quiescence after {out()}/{len(self.ops)} {what}; {pool.restarts} restart(s)")
 
     def _verdict(self) -> RunResult:
-        path = self.folder.path
-        try:
-            compact(path / "ledger")
-            verdict = check_run(path, self.spec.contract, scenario=self.spec.label, seed=self.spec.seed)
-        except Exception as exc:
-            hint = "the ledger segments are kept in ledger/"
-            raise HarnessError(f"verifying {path} failed: {exc}", hint=hint) from exc
-        verdict = replace(verdict, steps=tuple(self.folder.manifest.get("steps", ())))
-        verdict.write(path / "verdict.json")
-        return RunResult(path, verdict, self.spec)
+        return judge_folder(self.folder, self.spec)
 
 
 def run_scenario(

@@ -16,11 +16,12 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from harness.poll import deadline_in, poll_until
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -98,21 +99,22 @@ def stop_children(timeout: float = 5.0) -> list[int]:
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and set(children()) & set(left):
-        time.sleep(0.05)
+    poll_until(lambda: not set(children()) & set(left), deadline=deadline_in(timeout), every_s=0.05)
     for pid in set(children()) & set(left):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    unreaped, deadline = set(left), time.monotonic() + 1.0
-    while unreaped and time.monotonic() < deadline:  # reap them: leave no zombie either
+    unreaped = set(left)
+
+    def reaped() -> bool:  # leave no zombie either
         for pid in list(unreaped):
             try:
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     unreaped.discard(pid)
             except ChildProcessError:
                 unreaped.discard(pid)  # reaped by its Popen object already
-        time.sleep(0.02)
+        return not unreaped
+
+    poll_until(reaped, deadline=deadline_in(1.0))
     return left
 
 

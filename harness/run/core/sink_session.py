@@ -8,13 +8,13 @@ sink and the transport are written here once for every transport (ActiveMQ, Kafk
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from harness.clients import db
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
+from harness.poll import deadline_in, poll_until
 from harness.run.core.session import RunSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.transports.base import Transport
@@ -65,8 +65,10 @@ class SinkSession(RunSession, Generic[SinkT]):
         return new
 
     def _body(self, fields: dict[str, object]) -> str:
-        """Return the body of the operation ``fields`` describe (``op``, ``n``, ``amount``, ``poison``)."""
-        return json.dumps(fields)
+        """Return the body of the operation ``fields`` describe (``op``, ``n``, ``amount``, ``poison``):
+        the processes' own (a service's body template), else the fields as JSON."""
+        body = self.processes.body(fields)
+        return json.dumps(fields) if body is None else body
 
     def _all_out(self, pool: WorkerPool, deadline: float) -> None:
         """Let what follows every operation out settle (a replaced worker's redelivery)."""
@@ -90,23 +92,28 @@ class SinkSession(RunSession, Generic[SinkT]):
         if sink is None:
             raise HarnessError("close() of a run whose sink is gone", hint="open the run again")
         want = set(self.ops)
-        deadline = time.monotonic() + self.spec.timeout_s
+        deadline = deadline_in(self.spec.timeout_s)
         nothing_more = self._nothing_more(sink, pool)
-        last_report = 0
-        while time.monotonic() < deadline:
+        last_report, all_out = 0, False
+
+        def quiet() -> bool:
+            nonlocal last_report, all_out
             sink.check()
             done = len(want & sink.accounted())
             if done == len(want):
-                self._all_out(pool, deadline)
-                break
+                all_out = True
+                return True
             if nothing_more(done, len(want) - done):
-                break
+                return True
             if done - last_report >= max(1, len(want) // 10):
                 self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
                 last_report = done
-            time.sleep(0.02)
-        else:
+            return False
+
+        if not poll_until(quiet, deadline=deadline):
             self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
+        elif all_out:
+            self._all_out(pool, deadline)
         self._after_out(deadline)
         self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from harness.clients import db
 from harness.clients.activemq import StompClient, drain
 from harness.ledger.schema import Kind
+from harness.poll import poll_until
 from harness.run.core.sink_session import SinkSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
@@ -142,10 +143,8 @@ class StageRunSession(SinkSession[Sink]):
     def _await_settled(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
         settlement = Settlement(self.folder.path / "ledger")
-        while (pending := settlement.unsettled()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if pending:
-            self.folder.step(f"quiescence: {len(pending)} delivered message(s) never settled")
+        if not poll_until(lambda: not settlement.unsettled(), deadline=deadline):
+            self.folder.step(f"quiescence: {len(settlement.unsettled())} delivered message(s) never settled")
 
     def _outbox_empty(self) -> bool:
         outbox, engine = self.spec.outbox_table, self._engine
@@ -161,8 +160,9 @@ class StageRunSession(SinkSession[Sink]):
         outbox, engine = self.spec.outbox_table, self._engine
         if outbox is None or engine is None:
             return
-        while time.monotonic() < deadline and db.column_values(engine, outbox, "op_id", where_null="sent_at"):
-            time.sleep(0.05)
+        poll_until(
+            lambda: not db.column_values(engine, outbox, "op_id", where_null="sent_at"), deadline=deadline, every_s=0.05
+        )
 
     def _residue(self) -> None:
         ep = self.endpoints.stomp

@@ -35,6 +35,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
+from harness.poll import poll_until
 from harness.run.core.session import RunSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
@@ -210,7 +211,8 @@ class DtmRunSession(RunSession):
             except TimeoutError:
                 break
         pending = dict.fromkeys(self.ops, "unknown")
-        while pending and time.monotonic() < deadline:
+
+        def decided() -> bool:
             for op in sorted(pending):
                 try:
                     trans = self.dtm.query(self.gid(op)).get("transaction")
@@ -221,8 +223,14 @@ class DtmRunSession(RunSession):
                     del pending[op]
                 else:
                     pending[op] = status
-            if pending:
-                time.sleep(0.2)
+            return not pending
+
+        poll_until(
+            decided,
+            deadline=deadline,
+            every_s=0.2,
+            report=lambda waited: self.progress(f"{len(pending)} transfer(s) undecided by DTM after {waited:.0f}s"),
+        )
         return pending
 
     def _await_decided(self, pool: WorkerPool) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.clients import kafka
 from harness.ledger.schema import Kind
+from harness.poll import poll_until
 from harness.run.core.sink_session import SinkSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
@@ -129,8 +130,7 @@ class KafkaRunSession(SinkSession[KafkaSink]):
     def _await_committed(self, deadline: float) -> None:
         """Wait (bounded) until the group committed all input: a worker killed after its output
         but before its offset commit gets the records back, and its skip commits them."""
-        while time.monotonic() < deadline and not self.consumed():
-            time.sleep(COMMITTED_POLL_S)
+        poll_until(self.consumed, deadline=deadline, every_s=COMMITTED_POLL_S)
 
     def _residue(self) -> None:
         """Record every input record past the group's committed offsets (still to be processed)."""

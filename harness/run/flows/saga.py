@@ -37,6 +37,7 @@ from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
 from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT, SagaOptions, first_step_of, step_op
+from harness.poll import deadline_in, poll_until
 from harness.run.core.session import RunSession
 from harness.run.flows.kafka import kafka_flow
 from harness.run.processes.supervisor import WorkerPool
@@ -217,25 +218,33 @@ class SagaRunSession(RunSession):
     def wait_final(self, timeout_s: float | None = None) -> dict[str, str]:
         """Wait until every saga so far is final, or none moved for ``STALL_S`` with every
         process caught up, or ``timeout_s``; return the sagas not final and their state."""
-        deadline = time.monotonic() + (self.spec.timeout_s if timeout_s is None else timeout_s)
         last: dict[str, str] | None = None
         moved = time.monotonic()
-        while True:
+        pending: dict[str, str] = {}
+
+        def final_or_stalled() -> bool:
+            nonlocal last, moved, pending
             states = self.states()
             pending = {op: states.get(op, "not started") for op in self.ops if not is_final(states.get(op))}
-            now = time.monotonic()
-            if not pending or now >= deadline:
-                return pending
+            if not pending:
+                return True
             if states != last:
-                last, moved = states, now
-            elif (
-                now - moved >= STALL_S
+                last, moved = states, time.monotonic()
+                return False
+            return (
+                time.monotonic() - moved >= STALL_S
                 and (self._pool is None or self._pool.serving())
                 and self.caught_up()
                 and self.orchestrator_idle()
-            ):
-                return pending
-            time.sleep(POLL_S)
+            )
+
+        poll_until(
+            final_or_stalled,
+            deadline=deadline_in(self.spec.timeout_s if timeout_s is None else timeout_s),
+            every_s=POLL_S,
+            report=lambda waited: self.progress(f"{len(pending)} saga(s) not final after {waited:.0f}s"),
+        )
+        return pending
 
     def _await_quiescence(self, pool: WorkerPool) -> None:
         deadline = time.monotonic() + self.spec.timeout_s
@@ -243,8 +252,7 @@ class SagaRunSession(RunSession):
         # A participant killed after its reply and before its offset commit gets the request
         # back once restarted: let that redelivery happen before the books close.
         pool.wait_serving(deadline)
-        while time.monotonic() < deadline and not self.caught_up():
-            time.sleep(0.1)
+        poll_until(self.caught_up, deadline=deadline, every_s=0.1)
         final = len(self.ops) - len(pending)
         self._quiescent(lambda: final, "sagas final", pool)
         if pending:

@@ -1,8 +1,8 @@
 """Run a team's own service under test: the ``service_activemq`` and ``service_kafka`` flows.
 
-``ServiceSession`` is what a service adds to the stage flow of its transport (the ActiveMQ or
-Kafka session: the same destinations, sink, quiescence and books): instead of txchaos workers it
-starts the service's own instances (``ServicePool``), each behind its own trap proxies, one per
+A service flow is the stage session of its transport (ActiveMQ or Kafka: the same destinations,
+sink, quiescence and books) with its processes part swapped: ``ServiceInstances`` starts the
+service's own instances (``ServicePool``) instead of txchaos workers, each behind its own trap proxies, one per
 protocol the service speaks (``harness.traps``): twins of the stack's Toxiproxy proxies, inside
 Toxiproxy, so network faults still apply and no hop is added. A crash of the spec is a trap:
 armed on an op id (recognised in the bytes of the service's transaction) or on the nth hit, it
@@ -23,12 +23,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from harness.errors import ConfigError, HarnessError, ServiceFailed
 from harness.ledger.schema import Kind
-from harness.run.core.session import RunResult
+from harness.run.core.parts import ProcessesKind
 from harness.run.core.sink_session import SinkSession
 from harness.run.flows.activemq import StageRunSession
 from harness.run.flows.kafka import KafkaRunSession
@@ -76,13 +76,31 @@ def _static(service: Service, build: Path | None) -> dict[str, str]:
     return {name: values.get(name, "") for name in ("python", "build", "source")}
 
 
-class ServiceSession(SinkSession[Any]):
-    """A service's instances and trap proxies on a transport's stage flow (see the module docstring)."""
+class ServiceInstances:
+    """The processes part of a service flow: the service's own instances behind trap proxies.
 
-    service: Service
-    group: str
+    It takes the place of txchaos's workers in the stage session of the service's transport
+    (``harness.run.core.parts.Processes``); the crashes of the spec are its wire traps.
+    """
 
-    def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+    arm_via: ClassVar[str] = "trap"  # the verdict words an unfired arm as a trap the service never reached
+    may_join_late: ClassVar[bool] = False  # the service must be ready before anything is submitted
+
+    def __init__(self, session: SinkSession[Any]) -> None:
+        assert session.spec.service is not None  # check() refused a spec without one
+        self.session = session
+        self.service = session.spec.service
+        self.start_timeout_s = self.service.ready_timeout_s
+        self.output_dest = f"{session.ns}.out"
+        self.traps = TrapSet(on_fire=self._fired)
+        self._proxies: list[TrapProxy] = []
+        self._ports: dict[tuple[str, str], tuple[str, int]] = {}
+        self._timers: list[threading.Timer] = []
+        self._pool: ServicePool | None = None  # the last one made, stopped or not
+
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        """Refuse a service the stack cannot serve or that is not there (built first, once per version)."""
         service = spec.service
         if service is None:
             raise ConfigError(f"{spec.label} has no service", hint="build it with ScenarioSpec.for_service(...)")
@@ -106,51 +124,34 @@ class ServiceSession(SinkSession[Any]):
                     f"service {service.name} image {service.image!r} is not in the local Docker engine",
                     hint=f"build it first (`docker build -t {service.image} .`); txchaos pulls nothing",
                 )
-        super()._check(spec, endpoints)
 
-    def _setup(self) -> None:
-        super()._setup()
-        assert self.spec.service is not None
-        self.service = self.spec.service
-        if not hasattr(self, "group"):
-            self.group = f"{self.ns}.group"
-        self.output_dest = f"{self.ns}.out"
-        self.traps = TrapSet(on_fire=self._fired)
-        self._proxies: list[TrapProxy] = []
-        self._ports: dict[tuple[str, str], tuple[str, int]] = {}
-        self._timers: list[threading.Timer] = []
-        self._last_pool: ServicePool | None = None
-
-    # -- hooks ---------------------------------------------------------------------------------
-    def _provision(self) -> None:
-        super()._provision()
-        if self._sink is not None and self.service.output_op is not None:
-            self._sink.op_path = tuple(self.service.output_op.split("."))
-        upstream: dict[str, Endpoint] = {
-            "postgres": self.endpoints.postgres,
-            "stomp": self.endpoints.stomp,
-            "kafka": self.endpoints.kafka,
-        }
-        if self.endpoints.openwire is not None:
-            upstream["openwire"] = self.endpoints.openwire
+    def provision(self) -> None:
+        """Start a trap proxy per instance and protocol the service speaks (the flow's destinations exist)."""
+        session = self.session
+        if session._sink is not None and self.service.output_op is not None:
+            session._sink.op_path = tuple(self.service.output_op.split("."))
+        ep = session.endpoints
+        upstream: dict[str, Endpoint] = {"postgres": ep.postgres, "stomp": ep.stomp, "kafka": ep.kafka}
+        if ep.openwire is not None:
+            upstream["openwire"] = ep.openwire
         for name in self._names():
             for protocol in sorted(self.service.protocols()):
-                ep = upstream[protocol]
+                up = upstream[protocol]
                 if not self.service.relays:
-                    self._ports[(name, protocol)] = (ep.host, ep.port)
+                    self._ports[(name, protocol)] = (up.host, up.port)
                     continue
                 proxy = TrapProxy(
                     protocol,
-                    (ep.host, ep.port),
+                    (up.host, up.port),
                     self.traps,
                     owner=self._pid_of(name),
                     label=name,
-                    toxiproxy=self.endpoints.toxiproxy_api,
+                    toxiproxy=ep.toxiproxy_api,
                 ).start()
                 self._proxies.append(proxy)
                 self._ports[(name, protocol)] = proxy.address
         if self.service.relays:
-            self.folder.step(
+            session.folder.step(
                 f"trap proxies for {', '.join(sorted(self.service.protocols())) or 'no protocol'} "
                 f"for each of {len(self._names())} instance(s)"
             )
@@ -160,32 +161,29 @@ class ServiceSession(SinkSession[Any]):
 
     def _pid_of(self, name: str) -> Any:
         # The last pool, stopped or not: a thaw while the run heals signals a process already gone.
-        return lambda: self._service_pool(running=False).pid(name)
+        return lambda: self._running(stopped_too=True).pid(name)
 
-    def _service_pool(self, *, running: bool = True) -> ServicePool:
-        pool = self._pool if running else self._last_pool
-        if not isinstance(pool, ServicePool):
+    def _running(self, *, stopped_too: bool = False) -> ServicePool:
+        pool = self._pool
+        if pool is None or (not stopped_too and self.session._pool is not pool):
             raise HarnessError("a trap fired with no service running", hint="arm traps after open()")
         return pool
 
-    def _make_pool(self) -> WorkerPool:
-        pool = ServicePool(
+    def make_pool(self) -> WorkerPool:
+        s = self.session
+        self._pool = ServicePool(
             [self._instance(i, name) for i, name in enumerate(self._names())],
-            self.folder.path,
-            self.ledger,
+            s.folder.path,
+            s.ledger,
             ready=self.service.ready,
             frozen=self.traps.frozen,
         )
-        self._last_pool = pool
-        return pool
-
-    def _start_timeout_s(self) -> float:
-        return self.service.ready_timeout_s
+        return self._pool
 
     def _instance(self, number: int, name: str) -> Instance:
-        svc, ep = self.service, self.endpoints
-        values = {**_static(svc, build_dir(svc)), "run_dir": str(self.folder.path), "instance": str(number)}
-        values.update(input=self.input_dest, output=self.output_dest, group=self.group)
+        svc, s, ep = self.service, self.session, self.session.endpoints
+        values = {**_static(svc, build_dir(svc)), "run_dir": str(s.folder.path), "instance": str(number)}
+        values.update(input=s.input_dest, output=self.output_dest, group=s.group)
         values.update(db_user=ep.db_user, db_password=ep.db_password, db_name=ep.db_name)
         if ep.dtm is not None:
             values["dtm_url"] = ep.dtm_url
@@ -203,33 +201,28 @@ class ServiceSession(SinkSession[Any]):
         argv = tuple(svc.render(a, values) for a in svc.command)
         return Instance(name, svc.name, argv, env, svc.source_dir, svc.image, tuple(svc.env))
 
-    def _announce_workers(self) -> None:
-        svc = self.service
-        self.folder.step(
+    def announce(self) -> None:
+        svc, s = self.service, self.session
+        s.folder.step(
             f"start {svc.instances} instance(s) of service {svc.name}: {' '.join(svc.command)} "
-            f"(input {self.input_dest}, output {self.output_dest})"
+            f"(input {s.input_dest}, output {self.output_dest})"
         )
 
-    def _body(self, fields: dict[str, object]) -> str:
+    def body(self, fields: dict[str, object]) -> str | None:
         op, n, amount = str(fields["op"]), int(str(fields["n"])), int(str(fields["amount"]))
-        return self.service.body_of(op, n, amount, poison=bool(fields.get("poison")))
-
-    def _alone(self) -> set[int]:
-        return set()
+        body: str = self.service.body_of(op, n, amount, poison=bool(fields.get("poison")))
+        return body
 
     # -- traps ---------------------------------------------------------------------------------
-    arm_via = "trap"  # the verdict words an unfired arm as a trap the service never reached
-
-    def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
-        """Arm the trap ``crash`` names: on its operation (or ``op``), or on the nth hit of its point."""
-        arm = super().arm(crash, op=op)
+    def armed(self, crash: Crash, arm: CrashArm) -> None:
+        """Arm the trap ``crash`` names: on the arm's operation, or on the nth hit of its point."""
         action = trap_action(crash.action, group=self.service.image is None)
         self.traps.arm(Trap(crash.point, action, op=arm.op, nth=None if arm.op else crash.nth))
-        return arm
 
     def _fired(self, firing: Firing) -> None:
         """Record a trap's firing (on the relay thread, before its action runs)."""
-        self.ledger.emit(
+        s = self.session
+        s.ledger.emit(
             Kind.CRASH,
             op=firing.op,
             point=firing.point,
@@ -237,9 +230,9 @@ class ServiceSession(SinkSession[Any]):
             worker=firing.where,
             action=firing.action,
         )
-        self.folder.step(f"trap {firing.point} fired on op {firing.op} in {firing.where}: {firing.action}")
+        s.folder.step(f"trap {firing.point} fired on op {firing.op} in {firing.where}: {firing.action}")
         pool = self._pool
-        if isinstance(pool, ServicePool) and firing.action in ("kill", "drop"):  # a dropped link may end it too
+        if pool is not None and s._pool is pool and firing.action in ("kill", "drop"):  # a dropped link may end it
             pool.expect_exit(firing.where)
         if firing.action == "freeze":
             timer = threading.Timer(self.service.freeze_s, self.thaw)
@@ -251,54 +244,53 @@ class ServiceSession(SinkSession[Any]):
         """Continue every frozen instance and let its held message go on; return how many."""
         thawed = self.traps.thaw()
         if thawed:
-            self.folder.step(f"thaw {thawed} frozen instance(s)")
+            self.session.folder.step(f"thaw {thawed} frozen instance(s)")
         return thawed
 
-    def kill_instance(self, number: int = 0) -> None:
-        """SIGKILL instance ``number`` now (a state machine's rule); the pool starts it again."""
-        pool = self._service_pool()
+    def kill(self, number: int) -> None:
+        """SIGKILL instance ``number`` now (a ``Kill`` step); the pool starts it again."""
+        pool = self._running()
         name = self._names()[number]
         pool.expect_exit(name)
         Kill(lambda: pool.pid(name), group=self.service.image is None).signal(signal.SIGKILL)
-        self.ledger.emit(Kind.CRASH, point="kill", stage=self.service.name, worker=name, action="kill")
-        self.folder.step(f"kill instance {name}")
+        self.session.ledger.emit(Kind.CRASH, point="kill", stage=self.service.name, worker=name, action="kill")
+        self.session.folder.step(f"kill instance {name}")
 
     @contextmanager
-    def _under_fault(self, fault: Any, target: str | None) -> Iterator[object]:
-        """The fault applied as for any flow; meanwhile an instance that ends is explained by it."""
-        pool = self._pool
-        if isinstance(pool, ServicePool):
+    def during_fault(self) -> Iterator[object]:
+        """While a fault is applied, an instance that ends is explained by it."""
+        pool = self._pool if self._pool is self.session._pool else None
+        if pool is not None:
             pool.fault_on()
         try:
-            with super()._under_fault(fault, target) as bound:
-                yield bound
+            yield None
         finally:
-            if isinstance(pool, ServicePool):
+            if pool is not None:
                 pool.fault_off()
 
     # -- closing -------------------------------------------------------------------------------
-    def _release(self) -> None:
+    def release(self) -> None:
         for timer in self._timers:
             timer.cancel()
         for proxy in self._proxies:
             proxy.stop()  # thaws what is frozen first
         self._proxies = []
-        super()._release()
 
-    def close(self) -> RunResult:
-        pool = self._pool
-        result = super().close()
-        own = pool.own_exits if isinstance(pool, ServicePool) else []
+    def after_close(self) -> None:
+        """Raise ``ServiceFailed`` when an instance ended with nothing to explain it."""
+        own = self._pool.own_exits if self._pool is not None else []
         if own:
             first = own[0]
             how = f"signal {first.signal}" if first.signal else f"exit {first.returncode}"
             raise ServiceFailed(
                 f"service {self.service.name}: {len(own)} instance exit(s) no trap, rule or fault explains; "
-                f"first {first.instance} ({how}); the verdict of {result.run_dir} judges a flow whose "
+                f"first {first.instance} ({how}); the verdict of {self.session.folder.path} judges a flow whose "
                 "service failed by itself",
                 hint=f"read {first.log}: the service must survive what the run did (or exit only on a fault)",
             )
-        return result
+
+
+SERVICE_INSTANCES: ProcessesKind = ServiceInstances  # mypy holds the part to the protocols
 
 
 def _names(template: str) -> list[str]:
@@ -308,16 +300,6 @@ def _names(template: str) -> list[str]:
 def _base_env() -> dict[str, str]:
     """Return the environment every instance starts from: the harness's own, minus its secrets and tags."""
     return {k: v for k, v in os.environ.items() if not k.startswith("TXCHAOS_") and k != "PGPASSWORD"}
-
-
-class ActiveMQServiceSession(ServiceSession, StageRunSession):
-    """A service on STOMP queues: the ``service_activemq`` flow."""
-
-
-class KafkaServiceSession(ServiceSession, KafkaRunSession):
-    """A service in a Kafka consumer group: the ``service_kafka`` flow."""
-
-    late_workers = False  # the service must be ready before anything is submitted
 
 
 def _check(spec: ScenarioSpec) -> None:
@@ -345,13 +327,14 @@ def _check(spec: ScenarioSpec) -> None:
             )
 
 
-def _service_flow(transport: str, session: type[ServiceSession], **kw: Any) -> Flow:
+def _service_flow(transport: str, session: type[SinkSession[Any]], **kw: Any) -> Flow:
     return register(
         Flow(
             f"service_{transport}",
             transport,
             f"a team's own service (any language) on {transport}, crashed by wire-level traps",
             session=session,
+            processes=SERVICE_INSTANCES,  # the stage session of the transport, the service's instances swapped in
             points=tuple(TRAP_POINTS),
             actions=SERVICE_ACTIONS,
             # Poison operations reach the service through its body template's {poison}.
@@ -364,6 +347,6 @@ def _service_flow(transport: str, session: type[ServiceSession], **kw: Any) -> F
 
 
 FLOWS = (
-    _service_flow("activemq", ActiveMQServiceSession),
-    _service_flow("kafka", KafkaServiceSession, parse=KafkaStageOptions.from_options),
+    _service_flow("activemq", StageRunSession),
+    _service_flow("kafka", KafkaRunSession, parse=KafkaStageOptions.from_options),
 )

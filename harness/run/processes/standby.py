@@ -21,13 +21,13 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO
 
 from harness.errors import HarnessError
 from harness.paths import cache_root
+from harness.poll import deadline_in, poll_until
 from harness.stack.procs import Managed, spawn, stop, write_record
 
 Request = tuple[Path, Path, str, str]  # spec path, log path, worker name, registry tag
@@ -121,9 +121,7 @@ class _Server:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.stdin.close()  # EOF: the server exits, and its workers die with it
-        deadline = time.monotonic() + 2
-        while self.proc.alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll_until(lambda: not self.proc.alive(), deadline=deadline_in(2), every_s=0.01)
         stop(self.proc, timeout=1)
 
 

@@ -12,6 +12,7 @@ from typing import Protocol
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.poll import deadline_in, poll_until
 from harness.run.processes.standby import STANDBY
 from harness.stack.procs import Managed, stop
 from harness.worker.spec import WorkerSpec
@@ -51,15 +52,17 @@ class WorkerPool:
         """Start the workers and wait until each has subscribed (its ``.ready`` file exists)."""
         self._thread.start()
         self._ready.wait(timeout)
-        deadline = time.monotonic() + timeout
         pending = {s.name for s in self.specs}
-        while pending and time.monotonic() < deadline:
+
+        def ready() -> bool:
+            nonlocal pending
             pending = {n for n in pending if not self._ready_path(n).exists()}
             for name in pending:
                 if not self.procs[name].alive() and self.restarts > 3 * len(self.specs):
                     raise self._failed_start(name, dying=True)
-            time.sleep(0.02)
-        if pending:
+            return not pending
+
+        if not poll_until(ready, deadline=deadline_in(timeout)):
             raise self._failed_start(sorted(pending)[0], dying=False, timeout=timeout)
 
     def _failed_start(self, name: str, *, dying: bool, timeout: float = 0.0) -> Exception:

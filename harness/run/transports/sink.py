@@ -15,6 +15,7 @@ from collections import Counter
 
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.poll import deadline_in, poll_until
 
 
 class SinkBase:
@@ -70,9 +71,9 @@ class SinkBase:
 
     def stop(self, *, idle_s: float = 0.3) -> None:
         """Wait until nothing arrived for ``idle_s`` (bounded), then stop reading."""
-        deadline = time.monotonic() + max(idle_s, 0.1) * 10
-        while time.monotonic() < deadline and self._thread.is_alive() and self.quiet_s() < idle_s:
-            time.sleep(0.02)
+        poll_until(
+            lambda: not self._thread.is_alive() or self.quiet_s() >= idle_s, deadline=deadline_in(max(idle_s, 0.1) * 10)
+        )
         self._stop.set()
         self._thread.join(10)
         self.check()

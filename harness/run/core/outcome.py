@@ -1,0 +1,77 @@
+"""What a run starts from and ends with: a clean stack and an opened record, then a judged folder.
+
+``begin_run`` and ``reset_state`` open a run (``RunSession.open``); ``judge_folder`` compacts its
+ledger, verifies it and writes ``verdict.json`` into a ``RunResult`` (``RunSession.close``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.clients import db
+from harness.clients.toxiproxy import ToxiproxyAdmin
+from harness.errors import HarnessError
+from harness.ledger.reader import compact
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.run.core.folder import RunFolder
+from harness.run.spec.scenario import ScenarioSpec
+from harness.stack.base import Endpoints
+from harness.verify import declared
+from harness.verify.checker import check_run
+from harness.verify.verdict import Verdict
+from harness.worker.crash import write_arms
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its folder and verdict, and whether the verdict is what the spec expects."""
+
+    run_dir: Path
+    verdict: Verdict
+    spec: ScenarioSpec
+
+    @property
+    def as_expected(self) -> bool:
+        """Tell whether the verdict found exactly the expected classes and every requested fault fired."""
+        return set(self.verdict.found()) == set(self.spec.expect) and not self.verdict.unfired
+
+
+def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
+    """Open the run's folder and ledger: manifest, run_start event, no crash armed."""
+    folder.start(spec, endpoints)
+    ledger.emit(Kind.RUN_START, scenario=spec.label, seed=spec.seed, run_id=folder.run_id)
+    write_arms(folder.path, [])
+
+
+def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> db.Engine:
+    """Give the run a clean stack: its schema applied, every table empty, no toxic left."""
+    engine = db.engine(endpoints.postgres_url)
+    db.apply_schema(engine, spec.schema)
+    declared.check(engine, spec.contract)  # the team's effect queries and invariants, against the real schema
+    db.truncate_all(engine)
+    ToxiproxyAdmin(endpoints.toxiproxy_api).reset()
+    folder.step(f"reset: schema {spec.schema}, tables truncated, toxics removed")
+    return engine
+
+
+def judge_folder(folder: RunFolder, spec: ScenarioSpec) -> RunResult:
+    """Compact the run's ledger, verify it against ``spec``'s contract and write ``verdict.json``."""
+    path = folder.path
+    try:
+        compact(path / "ledger")
+        verdict = check_run(path, spec.contract, scenario=spec.label, seed=spec.seed)
+    except Exception as exc:
+        hint = "the ledger segments are kept in ledger/"
+        raise HarnessError(f"verifying {path} failed: {exc}", hint=hint) from exc
+    verdict = replace(verdict, steps=tuple(folder.manifest.get("steps", ())))
+    verdict.write(path / "verdict.json")
+    return RunResult(path, verdict, spec)

@@ -1,0 +1,161 @@
+"""The processes part of a session: who does the flow's work, and how the run starts, arms and stops them.
+
+A session is its flow's topology (destinations, sink, quiescence, books) plus a ``Processes``
+part: txchaos's own worker processes (``Workers``, every built-in flow), or a team's own service
+instances behind trap proxies (``harness.run.flows.service.ServiceInstances``: the service flows
+are the ActiveMQ and Kafka stage sessions with that part swapped in). A flow names its part in
+its registration (``Flow(processes=...)``); ``RunSession`` builds it and calls it at each turn of
+the lifecycle:
+
+    check(spec, endpoints)   before anything starts (a class method: no session exists yet)
+    provision()              after the flow's destinations exist (a service's trap proxies)
+    make_pool()              the pool the session starts, stops and restarts
+    announce()               the folder steps that say what started
+    armed(crash, arm)        after an arm is recorded (a service's wire trap)
+    kill(n), thaw()          the steps ``Kill`` and ``Thaw``
+    during_fault()           around every fault window
+    release()                healing, once
+    after_close()            once the verdict is written (a service's own failure is raised here)
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from harness.errors import ConfigError
+from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.scenario import Crash, ScenarioSpec
+from harness.stack.base import Endpoints
+from harness.worker.crash import CrashArm
+from harness.worker.spec import WorkerSpec
+
+
+class Processes(Protocol):
+    """What a session asks of the part that runs the flow's processes (see the module docstring)."""
+
+    # How the verdict words an arm it never saw fire: a worker's ``crash`` point or a wire ``trap``.
+    arm_via: ClassVar[str]
+    # Whether the processes may join after a backlog is submitted (a Kafka group's ``late_workers``).
+    may_join_late: ClassVar[bool]
+    start_timeout_s: float
+
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None: ...
+
+    def provision(self) -> None: ...
+
+    def make_pool(self) -> WorkerPool: ...
+
+    def announce(self) -> None: ...
+
+    def body(self, fields: dict[str, object]) -> str | None: ...
+
+    def armed(self, crash: Crash, arm: CrashArm) -> None: ...
+
+    def kill(self, number: int) -> None: ...
+
+    def thaw(self) -> int: ...
+
+    def during_fault(self) -> AbstractContextManager[object]: ...
+
+    def release(self) -> None: ...
+
+    def after_close(self) -> None: ...
+
+
+class ProcessesKind(Protocol):
+    """A ``Processes`` class: checked before a session exists, then built from it."""
+
+    def __call__(self, session: Any) -> Processes: ...
+
+    def check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None: ...
+
+
+class Session(Protocol):
+    """What ``Workers`` reads of its session: the flow's own worker specs and how it announces them."""
+
+    folder: Any
+    ledger: Any
+
+    def _worker_specs(self) -> list[Any]: ...
+
+    def _announce_workers(self) -> None: ...
+
+
+def worker_spec(
+    run_dir: Path,
+    name: str,
+    handler: str,
+    *,
+    stage: str | None = None,
+    input_queue: str,
+    output_queue: str | None,
+    options: dict[str, object],
+    kind: str,
+) -> WorkerSpec:
+    """Return the spec of one worker process of the run in ``run_dir``."""
+    return WorkerSpec(
+        name=name,
+        run_dir=str(run_dir),
+        endpoints_path=str(run_dir / "endpoints.json"),
+        handler=handler,
+        stage=stage or name,
+        input_queue=input_queue,
+        output_queue=output_queue,
+        options=options,
+        kind=kind,
+    )
+
+
+class Workers:
+    """txchaos's own worker processes: the session's ``_worker_specs``, supervised and restarted."""
+
+    arm_via: ClassVar[str] = "crash"
+    may_join_late: ClassVar[bool] = True
+    start_timeout_s = 60.0
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        return None
+
+    def provision(self) -> None:
+        return None
+
+    def make_pool(self) -> WorkerPool:
+        s = self.session
+        return WorkerPool(s._worker_specs(), s.folder.path, s.ledger)
+
+    def announce(self) -> None:
+        self.session._announce_workers()
+
+    def body(self, fields: dict[str, object]) -> str | None:
+        return None
+
+    def armed(self, crash: Crash, arm: CrashArm) -> None:
+        return None  # the workers read the arms file the session wrote
+
+    def kill(self, number: int) -> None:
+        raise ConfigError(
+            f"a Kill({number}) step, but this flow's workers are killed at crash points",
+            hint="arm a crash point instead: Arm(Crash(point, action='kill'), at=n)",
+        )
+
+    def thaw(self) -> int:
+        return 0
+
+    def during_fault(self) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def release(self) -> None:
+        return None
+
+    def after_close(self) -> None:
+        return None
+
+
+WORKERS: ProcessesKind = Workers  # the default part; mypy holds Workers to the protocols
