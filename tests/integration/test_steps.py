@@ -7,6 +7,7 @@ a ``Heal`` in reverse order, or by ``close`` before quiescence at the latest.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from harness.faults import Latency
 from harness.ledger.reader import read_ledger
 from harness.run.core.replay import load_steps, replay
 from harness.run.core.session import run_scenario
-from harness.run.spec.steps import Arm, Heal, Hold, Open, Start, Submit
+from harness.run.spec.steps import Arm, Heal, Hold, Kill, Open, Start, Submit
 from harness.stack.base import Endpoints
 from tests.support import make_spec
 
@@ -70,3 +71,16 @@ def test_faults_opened_by_steps_heal_in_reverse_by_heal_and_by_close(txchaos_sta
     # Healed in reverse: the last opened is the first healed.
     assert order[2][1] == order[1][1]
     assert order[3][1] == order[0][1]
+
+
+def test_a_kill_step_kills_a_worker_wherever_it_is_and_it_restarts(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    spec = make_spec(variant="check-then-skip", handler="harness.patterns.onepc:check_then_skip", messages=6)
+    with RunSession(spec, txchaos_stack, runs_root=tmp_path) as run:
+        for step in (Submit(3), Kill(0), Submit(3)):
+            run.apply(step)
+        result = run.close()
+    events = read_ledger(result.run_dir / "ledger").to_pylist()
+    who = [(e["kind"], json.loads(e["detail"])["worker"]) for e in events if e["kind"] in ("crash", "worker_exit")]
+    assert who == [("crash", "worker-0"), ("worker_exit", "worker-0")]
+    assert result.verdict.anomaly_free  # the fix holds under a kill at any moment
+    assert load_steps(result.run_dir)[-2:] == [Kill(0), Submit(3)]

@@ -12,7 +12,7 @@ the lifecycle:
     make_pool()              the pool the session starts, stops and restarts
     announce()               the folder steps that say what started
     armed(crash, arm)        after an arm is recorded (a service's wire trap)
-    kill(n), thaw()          the steps ``Kill`` and ``Thaw``
+    kill(n), thaw()          the steps ``Kill`` (SIGKILL a worker or an instance) and ``Thaw``
     during_fault()           around every fault window
     release()                healing, once
     after_close()            once the verdict is written (a service's own failure is raised here)
@@ -20,11 +20,15 @@ the lifecycle:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness.errors import ConfigError
+from harness.ledger.schema import Kind
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -78,6 +82,7 @@ class Session(Protocol):
 
     folder: Any
     ledger: Any
+    _pool: WorkerPool | None
 
     def _worker_specs(self) -> list[Any]: ...
 
@@ -140,10 +145,19 @@ class Workers:
         return None  # the workers read the arms file the session wrote
 
     def kill(self, number: int) -> None:
-        raise ConfigError(
-            f"a Kill({number}) step, but this flow's workers are killed at crash points",
-            hint="arm a crash point instead: Arm(Crash(point, action='kill'), at=n)",
-        )
+        """SIGKILL worker ``number`` (of every stage's workers and helpers, in start order) wherever it is."""
+        s = self.session
+        pool = s._pool
+        if pool is None:
+            raise ConfigError(f"a Kill({number}) step before the workers started", hint="apply Start() first")
+        if not 0 <= number < len(pool.specs):
+            names = ", ".join(f"{i}: {spec.name}" for i, spec in enumerate(pool.specs))
+            raise ConfigError(f"a Kill({number}) step, but the run has {len(pool.specs)} worker(s)", hint=names)
+        spec = pool.specs[number]
+        s.ledger.emit(Kind.CRASH, point="kill", stage=spec.stage, worker=spec.name, action="kill")
+        with contextlib.suppress(ProcessLookupError):  # it died by itself meanwhile: restarted anyway
+            os.kill(pool.procs[spec.name].pid, signal.SIGKILL)
+        s.folder.step(f"kill worker {spec.name}")
 
     def thaw(self) -> int:
         return 0

@@ -157,12 +157,7 @@ class StageRunSession(SinkSession[Sink]):
         send and mark): the sweeper sends it again and marks it later. Snapshotting before then
         would report a row that is about to be relayed as an orphan.
         """
-        outbox, engine = self.spec.outbox_table, self._engine
-        if outbox is None or engine is None:
-            return
-        poll_until(
-            lambda: not db.column_values(engine, outbox, "op_id", where_null="sent_at"), deadline=deadline, every_s=0.05
-        )
+        poll_until(self._outbox_empty, deadline=deadline, every_s=0.05)
 
     def _residue(self) -> None:
         ep = self.endpoints.stomp
