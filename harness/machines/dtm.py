@@ -114,9 +114,9 @@ class DtmMachine(MachineBase[DtmRunSession]):
     def judge(self, result: RunResult) -> str | None:
         """Fail on any anomaly of the verdict, or money not conserved between debits and credits."""
         verdict = result.verdict
-        if self.run.books is None:
+        if self.run.closing_money is None:
             raise AssertionError(f"{result.run_dir}: the run did not close its books")
-        debited, credited = self.run.books
+        debited, credited = self.run.closing_money
         note(f"verdict: {verdict.headline()}; debited {debited}, credited {credited}")
         broken = [] if verdict.anomaly_free else [verdict.headline()]
         if debited != credited:

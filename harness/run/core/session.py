@@ -30,6 +30,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.faults.base import active
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.run.core.books import Book, EffectTable
 from harness.run.core.folder import RunFolder
 from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
 from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spec
@@ -134,8 +135,13 @@ class RunSession:
     def _await_quiescence(self, pool: WorkerPool) -> None:
         raise NotImplementedError
 
-    def _close_books(self, engine: db.Engine) -> None:
+    def books(self) -> tuple[Book, ...]:
+        """Return the books the run closes into the ledger, in order, once its processes stopped."""
         raise NotImplementedError
+
+    def _close_books(self, engine: db.Engine) -> None:
+        for book in self.books():
+            book.close(engine)
 
     def _release(self) -> None:
         """Close the flow's clients, stop its sink and delete its destinations (healing; once)."""
@@ -361,11 +367,9 @@ class RunSession:
         """Return the spec of one worker process of this run (``worker_spec``'s fields)."""
         return worker_spec(self.folder.path, name, handler, **fields)
 
-    def _snapshot_effect_table(self, engine: db.Engine) -> None:
-        table, column = self.spec.effect_table, self.spec.effect_column
-        for op in db.column_values(engine, table, column):
-            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
-        self.folder.step(f"snapshot effect table {table}")
+    def _effect_table(self) -> EffectTable:
+        """Return the book of the spec's effect table."""
+        return EffectTable(self.ledger, self.folder, self.spec.effect_table, self.spec.effect_column)
 
     def _quiescent(self, out: Callable[[], int], what: str, pool: WorkerPool) -> None:
         """Let late duplicates arrive (``settle_s``), then record how far the flow got (``out()`` of the ops)."""

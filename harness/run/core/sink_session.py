@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from harness.clients import db
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.poll import deadline_in, poll_until
+from harness.run.core.books import Book
 from harness.run.core.session import RunSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.transports.base import Transport
@@ -80,11 +81,13 @@ class SinkSession(RunSession, Generic[SinkT]):
     def _after_out(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) for what must settle before the books close."""
 
-    def _residue(self) -> None:
+    def _residue(self) -> Book:
+        """Return the book of what is still in the flow's input (its transport's residue reader)."""
         raise NotImplementedError
 
-    def _snapshot_effects(self, engine: db.Engine) -> None:
-        self._snapshot_effect_table(engine)
+    def _effects(self) -> tuple[Book, ...]:
+        """Return the books of what the flow did (default: the spec's effect table)."""
+        return (self._effect_table(),)
 
     def _await_quiescence(self, pool: WorkerPool) -> None:
         """Wait until every operation came out, or the probe says no more will; bounded by the timeout."""
@@ -117,15 +120,24 @@ class SinkSession(RunSession, Generic[SinkT]):
         self._after_out(deadline)
         self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
 
-    def _close_books(self, engine: db.Engine) -> None:
-        self._residue()
-        if self._sink is not None:
-            self._sink.stop()
-            self._sink = None
-        self._snapshot_effects(engine)
+    def books(self) -> tuple[Book, ...]:
+        """The input's residue, then the sink's last reads (``SinkStopped``), then the effects."""
+        return (self._residue(), SinkStopped(self), *self._effects())
 
     def _release(self) -> None:
         if self._sink is not None:
             self._sink.stop(idle_s=0)
             self._sink = None
         self.transport.release()
+
+
+class SinkStopped:
+    """Not an account but a turn of the books: the sink reads what is still on its way, then stops."""
+
+    def __init__(self, session: SinkSession[Any]) -> None:
+        self.session = session
+
+    def close(self, engine: db.Engine) -> None:
+        if self.session._sink is not None:
+            self.session._sink.stop()
+            self.session._sink = None

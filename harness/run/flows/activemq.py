@@ -14,14 +14,13 @@ import time
 from collections.abc import Callable
 
 from harness.clients import db
-from harness.clients.activemq import StompClient, drain
-from harness.ledger.schema import Kind
 from harness.poll import poll_until
+from harness.run.core.books import Book, UnsentOutbox
 from harness.run.core.sink_session import SinkSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
 from harness.run.transports.activemq import ActiveMQTransport
-from harness.run.transports.activemq_sink import Sink, op_of
+from harness.run.transports.activemq_sink import QueueResidue, Sink
 from harness.run.transports.settle import Settlement
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.spec import WorkerSpec
@@ -159,22 +158,13 @@ class StageRunSession(SinkSession[Sink]):
         """
         poll_until(self._outbox_empty, deadline=deadline, every_s=0.05)
 
-    def _residue(self) -> None:
-        ep = self.endpoints.stomp
-        with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
-            # A queue that stays empty this long after the workers are gone is empty.
-            for msg in drain(client, self.stage_queues, idle_s=min(0.3, max(0.1, self.spec.settle_s))):
-                dest = msg.headers.get("destination", "").removeprefix("/queue/") or self.input_queue
-                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=dest)
-        self.folder.step(f"drain residue of {', '.join(self.stage_queues)}")
+    def _residue(self) -> Book:
+        idle = min(0.3, max(0.1, self.spec.settle_s))
+        return QueueResidue(self.endpoints.stomp, tuple(self.stage_queues), self.ledger, self.folder, idle)
 
-    def _snapshot_effects(self, engine: db.Engine) -> None:
-        self._snapshot_effect_table(engine)
+    def _effects(self) -> tuple[Book, ...]:
         outbox = self.spec.outbox_table
-        if outbox is not None:
-            for op in db.column_values(engine, outbox, "op_id", where_null="sent_at"):
-                self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=outbox)
-            self.folder.step(f"snapshot unrelayed rows of {outbox}")
+        return (self._effect_table(), *([UnsentOutbox(self.ledger, self.folder, outbox)] if outbox else []))
 
 
 class _Idleness:

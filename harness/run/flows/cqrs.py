@@ -19,16 +19,20 @@ Quiescence and residue of the input topic are ``KafkaRunSession``'s; the lifecyc
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from sqlalchemy import text
 
 from harness.clients import db
 from harness.errors import ConfigError
 from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
+from harness.run.core.books import Book
 from harness.run.flows.kafka import KafkaRunSession, kafka_flow
 from harness.run.spec.flow import register
 from harness.run.spec.scenario import ScenarioSpec
+from harness.run.transports.base import RunRecord
 
 
 class CqrsRunSession(KafkaRunSession):
@@ -58,7 +62,19 @@ class CqrsRunSession(KafkaRunSession):
         self.progress(f"submitted {len(self.ops)} entity events")
         return new
 
-    def _snapshot_effects(self, engine: db.Engine) -> None:
+    def _effects(self) -> tuple[Book, ...]:
+        return (ApplyJournal(self.ledger, self.folder),)
+
+
+@dataclass(frozen=True)
+class ApplyJournal:
+    """The replica's books, per key: each journal row a ``residue_apply``, each event applied at least
+    once a ``residue_effect``, each replica row a ``residue_entity`` (live or a tombstone marker)."""
+
+    ledger: LedgerWriter
+    record: RunRecord
+
+    def close(self, engine: db.Engine) -> None:
         with engine.connect() as conn:
             journal = conn.execute(text(f"SELECT n, event_id, key, version, tombstone FROM {JOURNAL} ORDER BY n")).all()
             rows = conn.execute(text(f"SELECT key, version, deleted, event_id FROM {REPLICA} ORDER BY key")).all()
@@ -70,7 +86,7 @@ class CqrsRunSession(KafkaRunSession):
             self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=JOURNAL)
         for key, version, deleted, op in rows:
             self.ledger.emit(Kind.RESIDUE_ENTITY, op=op, dest=REPLICA, key=key, version=int(version), deleted=deleted)
-        self.folder.step(f"snapshot apply journal {JOURNAL} ({len(journal)} rows) and replica {REPLICA}")
+        self.record.step(f"snapshot apply journal {JOURNAL} ({len(journal)} rows) and replica {REPLICA}")
 
 
 def _check(spec: ScenarioSpec) -> None:

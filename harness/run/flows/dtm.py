@@ -36,6 +36,7 @@ from harness.ledger.reader import read_segments
 from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
 from harness.poll import poll_until
+from harness.run.core.books import Book, EffectTable
 from harness.run.core.session import RunSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
@@ -97,7 +98,7 @@ class DtmRunSession(RunSession):
         self._answers: dict[str, Future[str]] = {}
         self._undecided: dict[str, str] = {}
         # (debited, credited) when the books closed: what conservation of money is checked on.
-        self.books: tuple[int, int] | None = None
+        self.closing_money: tuple[int, int] | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
     def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
@@ -118,8 +119,8 @@ class DtmRunSession(RunSession):
     def _await_quiescence(self, pool: WorkerPool) -> None:
         self._await_decided(pool)
 
-    def _close_books(self, engine: db.Engine) -> None:
-        self._snapshot_books(engine)
+    def books(self) -> tuple[Book, ...]:
+        return (EffectTable(self.ledger, self.folder, "dtm_credits"), DtmDecisions(self))
 
     def _alone(self) -> set[int]:
         # A killed process takes every request in flight with it, and the scenario's expectation
@@ -242,18 +243,26 @@ class DtmRunSession(RunSession):
         if self._undecided:
             self.progress(f"timeout: {len(self._undecided)} message(s) DTM has not decided")
 
-    def _snapshot_books(self, engine: db.Engine) -> None:
-        for op in db.column_values(engine, "dtm_credits", "op_id"):
-            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest="dtm_credits")
-        for op, status in sorted(self._undecided.items()):
-            self.ledger.emit(Kind.RESIDUE_QUEUE, op=op, msg=self.gid(op), dest="dtm", status=status)
-        events = read_segments(self.folder.path / "ledger")
+
+class DtmDecisions:
+    """The transfers' books: each debit a ``submit`` (one the service never learnt committed is added
+    here), each credit a ``residue_effect``, each message DTM has not decided a ``residue_queue``;
+    money debited and credited kept on the session for conservation."""
+
+    def __init__(self, session: DtmRunSession) -> None:
+        self.session = session
+
+    def close(self, engine: db.Engine) -> None:
+        s = self.session
+        for op, status in sorted(s._undecided.items()):
+            s.ledger.emit(Kind.RESIDUE_QUEUE, op=op, msg=s.gid(op), dest="dtm", status=status)
+        events = read_segments(s.folder.path / "ledger")
         recorded = set(events.filter(pc.equal(events["kind"], str(Kind.SUBMIT)))["op"].to_pylist())
         for op in sorted(set(db.column_values(engine, "dtm_debits", "op_id")) - recorded):
             # The service never learnt this debit committed (an error on COMMIT's answer).
-            self.ledger.emit(Kind.SUBMIT, op=op, msg=self.gid(op), dest="dtm", by="snapshot")
-        debited, credited = self.books = money(engine)
-        self.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
+            s.ledger.emit(Kind.SUBMIT, op=op, msg=s.gid(op), dest="dtm", by="snapshot")
+        debited, credited = s.closing_money = money(engine)
+        s.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
 
 
 FLOW = register(

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.clients import kafka
-from harness.ledger.schema import Kind
 from harness.poll import poll_until
+from harness.run.core.books import Book
 from harness.run.core.sink_session import SinkSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
 from harness.run.transports.kafka import KafkaTransport
-from harness.run.transports.kafka_sink import KafkaSink
+from harness.run.transports.kafka_sink import GroupBacklog, KafkaSink
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
@@ -132,20 +132,8 @@ class KafkaRunSession(SinkSession[KafkaSink]):
         but before its offset commit gets the records back, and its skip commits them."""
         poll_until(self.consumed, deadline=deadline, every_s=COMMITTED_POLL_S)
 
-    def _residue(self) -> None:
-        """Record every input record past the group's committed offsets (still to be processed)."""
-        left = kafka.backlog(self.bootstrap, self.group, self.input_topic)
-        start = {p: first for p, (first, _end) in left.items()}
-        for rec in kafka.read_range(self.bootstrap, self.input_topic, start, {p: end for p, (_f, end) in left.items()}):
-            self.ledger.emit(
-                Kind.RESIDUE_QUEUE,
-                op=rec.headers.get("txchaos-op") or rec.key,
-                msg=rec.coord,
-                dest=rec.topic,
-                partition=rec.partition,
-                offset=rec.offset,
-            )
-        self.folder.step(f"residue of {self.input_topic} past the group's committed offsets {start}")
+    def _residue(self) -> Book:
+        return GroupBacklog(self.bootstrap, self.group, self.input_topic, self.ledger, self.folder)
 
 
 def kafka_flow(name: str, session: type[Any], summary: str, **kw: Any) -> Flow:

@@ -38,6 +38,7 @@ from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
 from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT, SagaOptions, first_step_of, step_op
 from harness.poll import deadline_in, poll_until
+from harness.run.core.books import Book
 from harness.run.core.session import RunSession
 from harness.run.flows.kafka import kafka_flow
 from harness.run.processes.supervisor import WorkerPool
@@ -258,47 +259,8 @@ class SagaRunSession(RunSession):
         if pending:
             self.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
 
-    def _close_books(self, engine: db.Engine) -> None:
-        states = self.states()
-        for op in self.ops:
-            state = states.get(op)
-            if is_final(state):
-                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest="sagas", state=state)
-            elif state is not None:
-                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op, dest="sagas", state=state)
-        for table in sorted(set(EFFECT_TABLES.values())):
-            for op in db.column_values(engine, table, "op_id"):
-                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
-        for process, topic in self.requests.items():
-            ends = kafka.end_offsets(self.bootstrap, topic)
-            records = kafka.read_range(self.bootstrap, topic, {}, ends)
-            seen: set[str] = set()
-            for rec in records:
-                if rec.key and rec.key not in seen:
-                    seen.add(rec.key)
-                    self.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
-            left = kafka.backlog(self.bootstrap, self.groups[process], topic)
-            for rec in records:
-                if rec.partition in left and rec.offset >= left[rec.partition][0]:
-                    self.ledger.emit(
-                        Kind.RESIDUE_QUEUE,
-                        op=rec.key,
-                        msg=rec.coord,
-                        dest=topic,
-                        partition=rec.partition,
-                        offset=rec.offset,
-                    )
-            for rec in _read_visible(self.bootstrap, kafka.dlt_name(topic)):
-                self.ledger.emit(
-                    Kind.DEAD_LETTER,
-                    op=rec.key,
-                    msg=rec.coord,
-                    dest=rec.topic,
-                    partition=rec.partition,
-                    offset=rec.offset,
-                    error=rec.headers.get("txchaos-error", ""),
-                )
-        self.folder.step("close the books: saga states, effect tables, requests, dead-letter topics")
+    def books(self) -> tuple[Book, ...]:
+        return (SagaBooks(self),)
 
 
 def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[kafka.Record]:
@@ -331,6 +293,58 @@ def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[ka
     finally:
         reader.close()
     return out
+
+
+class SagaBooks:
+    """A saga run's books: each saga's state (final: its effect; else still in its queue), every
+    participant's effect rows, the requests the orchestrator sent (as submissions of their own),
+    each request left past its group's offsets, and the dead-lettered ones."""
+
+    def __init__(self, session: SagaRunSession) -> None:
+        self.session = session
+
+    def close(self, engine: db.Engine) -> None:
+        s = self.session
+        states = s.states()
+        for op in s.ops:
+            state = states.get(op)
+            if is_final(state):
+                s.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest="sagas", state=state)
+            elif state is not None:
+                s.ledger.emit(Kind.RESIDUE_QUEUE, op=op, dest="sagas", state=state)
+        for table in sorted(set(EFFECT_TABLES.values())):
+            for op in db.column_values(engine, table, "op_id"):
+                s.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
+        for process, topic in s.requests.items():
+            ends = kafka.end_offsets(s.bootstrap, topic)
+            records = kafka.read_range(s.bootstrap, topic, {}, ends)
+            seen: set[str] = set()
+            for rec in records:
+                if rec.key and rec.key not in seen:
+                    seen.add(rec.key)
+                    s.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
+            left = kafka.backlog(s.bootstrap, s.groups[process], topic)
+            for rec in records:
+                if rec.partition in left and rec.offset >= left[rec.partition][0]:
+                    s.ledger.emit(
+                        Kind.RESIDUE_QUEUE,
+                        op=rec.key,
+                        msg=rec.coord,
+                        dest=topic,
+                        partition=rec.partition,
+                        offset=rec.offset,
+                    )
+            for rec in _read_visible(s.bootstrap, kafka.dlt_name(topic)):
+                s.ledger.emit(
+                    Kind.DEAD_LETTER,
+                    op=rec.key,
+                    msg=rec.coord,
+                    dest=rec.topic,
+                    partition=rec.partition,
+                    offset=rec.offset,
+                    error=rec.headers.get("txchaos-error", ""),
+                )
+        s.folder.step("close the books: saga states, effect tables, requests, dead-letter topics")
 
 
 @dataclass(frozen=True)

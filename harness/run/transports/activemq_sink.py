@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from harness.clients.activemq import Message, StompClient, dlq_name
+from harness.clients import db
+from harness.clients.activemq import Message, StompClient, dlq_name, drain
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.run.transports.base import RunRecord
 from harness.run.transports.sink import SinkBase
 from harness.stack.base import Endpoint
 
@@ -70,3 +73,23 @@ class Sink(SinkBase):
                 self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
                 client.ack(msg)
                 self._saw(op)
+
+
+@dataclass(frozen=True)
+class QueueResidue:
+    """Every message still in the stage queues is a ``residue_queue`` (drained: the workers are gone)."""
+
+    stomp: Endpoint
+    queues: tuple[str, ...]
+    ledger: LedgerWriter
+    record: RunRecord
+    idle_s: float
+
+    def close(self, engine: db.Engine) -> None:
+        ep = self.stomp
+        with StompClient(ep.host, ep.port, client_id="txchaos-residue", heartbeats=(0, 0)) as client:
+            # A queue that stays empty this long after the workers are gone is empty.
+            for msg in drain(client, list(self.queues), idle_s=self.idle_s):
+                dest = msg.headers.get("destination", "").removeprefix("/queue/") or self.queues[0]
+                self.ledger.emit(Kind.RESIDUE_QUEUE, op=op_of(msg), msg=msg.message_id, dest=dest)
+        self.record.step(f"drain residue of {', '.join(self.queues)}")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from harness.clients import db, kafka
 from harness.clients.kafka import TopicReader, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
+from harness.run.transports.base import RunRecord
 from harness.run.transports.sink import SinkBase
 from harness.worker.kafka_context import op_of
 
@@ -71,3 +74,28 @@ class KafkaSink(SinkBase):
     def check(self) -> None:
         if self._error is not None:
             raise HarnessError(f"the Kafka sink failed: {self._error}") from self._error
+
+
+@dataclass(frozen=True)
+class GroupBacklog:
+    """Every input record past the group's committed offsets is a ``residue_queue`` (still to be processed)."""
+
+    bootstrap: str
+    group: str
+    topic: str
+    ledger: LedgerWriter
+    record: RunRecord
+
+    def close(self, engine: db.Engine) -> None:
+        left = kafka.backlog(self.bootstrap, self.group, self.topic)
+        start = {p: first for p, (first, _end) in left.items()}
+        for rec in kafka.read_range(self.bootstrap, self.topic, start, {p: end for p, (_f, end) in left.items()}):
+            self.ledger.emit(
+                Kind.RESIDUE_QUEUE,
+                op=rec.headers.get("txchaos-op") or rec.key,
+                msg=rec.coord,
+                dest=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+            )
+        self.record.step(f"residue of {self.topic} past the group's committed offsets {start}")

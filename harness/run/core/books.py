@@ -1,0 +1,52 @@
+"""The books a run closes into its ledger once the flow is quiet: each a part with one ``close``.
+
+A flow's session lists its books (``RunSession.books``); ``close`` closes them in order after the
+processes have stopped, then the folder is marked complete. Generic books are here (the effect
+table, the unsent outbox); a transport's residue books sit with its sink (``QueueResidue``,
+``GroupBacklog``), a flow's own with the flow (a CQRS apply journal, saga states, DTM decisions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from harness.clients import db
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.run.transports.base import RunRecord
+
+
+class Book(Protocol):
+    """One account of where the operations ended up, written to the ledger as ``residue_*`` events."""
+
+    def close(self, engine: db.Engine) -> None: ...
+
+
+@dataclass(frozen=True)
+class EffectTable:
+    """Every row of the effect table is a ``residue_effect`` of its operation (two rows: applied twice)."""
+
+    ledger: LedgerWriter
+    record: RunRecord
+    table: str
+    column: str = "op_id"
+
+    def close(self, engine: db.Engine) -> None:
+        for op in db.column_values(engine, self.table, self.column):
+            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=self.table)
+        self.record.step(f"snapshot effect table {self.table}")
+
+
+@dataclass(frozen=True)
+class UnsentOutbox:
+    """Every outbox row never marked sent is a ``residue_outbox`` (an effect whose message never left)."""
+
+    ledger: LedgerWriter
+    record: RunRecord
+    table: str
+
+    def close(self, engine: db.Engine) -> None:
+        for op in db.column_values(engine, self.table, "op_id", where_null="sent_at"):
+            self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=self.table)
+        self.record.step(f"snapshot unrelayed rows of {self.table}")
