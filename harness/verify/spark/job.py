@@ -1,270 +1,32 @@
-"""The Spark engine: evaluates ``model.py`` on a run's compacted ledger; the only pyspark importer.
+"""The Spark engine's job: evaluates ``model.py`` on a run's compacted ledger through the DataFrame API.
 
 The job reads ``events.parquet/`` as a table bucketed by ``op_bucket`` (see ``ledger/layout.py``),
 so the per-operation summary is computed bucket by bucket with no shuffle, grouping by the integer
 ``op_id`` and testing the integer ``kind_code``. Only small results reach the driver: per-writer and
-per-latency-bucket aggregates, fault events, and the bounded witnesses' event chains.
+per-latency-bucket aggregates, fault events, and the bounded witnesses' event chains. It uses the
+DataFrame and SQL API only, so a local driver and a Spark Connect client run it alike.
 """
 
 from __future__ import annotations
 
-import atexit
-import hashlib
-import os
-import re
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from harness.errors import ConfigError
 from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, read_layout
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
-from harness.paths import cache_root
 from harness.verify import assemble, fired, model, sql
-from harness.verify.evidence import gather
-from harness.verify.verdict import Verdict, Witness
+from harness.verify.spark.session import Session
+from harness.verify.verdict import Witness
 
 KEYS = ["op_bucket", "op_id"]  # the summary's group-by: op_bucket first, so the bucketed scan needs no shuffle
 _SPARK_TYPES = {"int8": "tinyint", "int32": "int", "int64": "bigint", "string": "string"}
 SPARK_DDL = ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in PARQUET_SCHEMA)
-
-
-# Measured on 2 cores (10M events, cold JVM): the parallel collector instead of G1 (its concurrent
-# threads compete with the two task threads) 17.2 s -> 14.5 s; the class-data archive 14.5 -> 13.7 s
-# and JVM start 3.7 -> 2.1 s; ANSI arithmetic off (overflow checks on every sum; our sums count
-# events) 13.7 -> 12.6 s. Adaptive execution and the generated two-level hash map only add planning
-# and code for a job whose shapes are known; both off. Generated methods over 8000 bytecodes (the
-# per-operation overlay of 60 fault windows is one) stay interpreted unless DontCompileHugeMethods
-# is off: the overlay step at 10M events took 11.0 s with it on, 2.3 s off.
-JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
-# A driver that runs one verification and exits (a cold `txchaos verify`) spends its first job
-# compiling: C2's optimizing compiler competes with the two task threads for the 2 cores and its
-# code arrives after the job is over. C1 only: the 10M-event cold CLI 25.1-26.1 s -> 21.5-21.8 s.
-# A session that runs many jobs (the pytest plugin's, the benchmark's warm one) keeps C2.
-ONE_SHOT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-CDS_DUMP_ENV = "TXCHAOS_SPARK_CDS_DUMP"  # set by build_class_archive for its training run
-
-
-def class_archive() -> Path:
-    """Return where the driver's class-data archive lives (it may not exist yet).
-
-    Named by the pyspark version and the java binary, so a new JDK or pyspark gets a new archive.
-    """
-    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else None
-    found = java if java and java.exists() else Path(shutil.which("java") or "java")
-    real = found.resolve()
-    stamp = f"{real}:{real.stat().st_mtime_ns if real.exists() else 0}:{metadata.version('pyspark')}"
-    key = hashlib.sha256(stamp.encode()).hexdigest()[:12]
-    return cache_root() / "spark" / f"driver-{key}.jsa"
-
-
-# The driver's log4j configuration when the CLI is not asked to be verbose: errors only, so a
-# verification prints its verdict and not the JVM's start-up warnings (NativeCodeLoader, the
-# default-profile banner). PySpark counts as a shell, and a shell whose repl logger has no level of
-# its own is told "Setting default log level to WARN": the repl logger gets the root's level.
-QUIET_LOG4J = """\
-rootLogger.level = error
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
-
-
-def quiet_log_config() -> Path:
-    """Return the errors-only log4j2 file for the driver, written once under the cache."""
-    path = cache_root() / "spark" / "log4j2-quiet.properties"
-    if not path.is_file() or path.read_text() != QUIET_LOG4J:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(QUIET_LOG4J)
-        tmp.replace(path)
-    return path
-
-
-def _java_options(*, verbose: bool = True, one_shot: bool = False) -> str:
-    base = f"{JVM_OPTIONS} {ONE_SHOT_JVM_OPTIONS}" if one_shot else JVM_OPTIONS
-    if not verbose:
-        base += f" -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
-    dump = os.environ.get(CDS_DUMP_ENV)
-    if dump:
-        return f"{base} -XX:ArchiveClassesAtExit={dump}"
-    archive = class_archive()
-    if not archive.is_file():
-        return base
-    # a stale or foreign archive is ignored by the JVM; its warnings would only be noise
-    return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
-
-
-def build_class_archive(events: int = 100_000) -> Path | None:
-    """Record the classes a verification loads into the class-data archive; return it (None on failure).
-
-    One training run (a small synthetic ledger) in a child process; the JVM writes the archive
-    when it exits, and only a complete one is moved into place. Every later driver JVM maps it
-    instead of loading and verifying those classes from the jars.
-    """
-    archive = class_archive()
-    if archive.is_file():
-        return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="txchaos-cds-") as tmp:
-        dump = Path(tmp) / "driver.jsa"
-        code = (
-            "import sys; from pathlib import Path; from harness.ledger.synth import synth_run; "
-            "from harness.verify.cli import verify_run; "
-            f"verify_run(synth_run(Path(sys.argv[1]), {int(events)}, seed=1))"
-        )
-        env = dict(os.environ, **{CDS_DUMP_ENV: str(dump)})
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(Path(tmp) / "run")], env=env, capture_output=True, check=False
-        )
-        if proc.returncode != 0 or not dump.is_file():
-            return None
-        shutil.move(dump, archive.with_suffix(".tmp"))
-        archive.with_suffix(".tmp").rename(archive)
-    return archive
-
-
-LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[0-9]+)?\])?")
-MASTER_PROBE_S = 2.0  # a master on a reachable host answers a TCP connect in milliseconds
-
-
-def check_master(master: str) -> None:
-    """Refuse a master URL that is neither ``local[...]`` nor ``spark://HOST:PORT[,HOST:PORT...]``,
-    or whose masters do not answer a TCP connect (Spark itself would retry for a minute)."""
-    if LOCAL_MASTER.fullmatch(master):
-        return
-    hint = "use spark://HOST:PORT (e.g. spark://127.0.0.1:7077) or local[*]; omit --master to run local[*]"
-    if not master.startswith("spark://"):
-        raise ConfigError(f"Spark master {master!r} is not a spark:// or local[...] URL", hint=hint)
-    addrs: list[tuple[str, int]] = []
-    for part in master.removeprefix("spark://").split(","):
-        host, _, port = part.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"Spark master {master!r}: {part!r} is not HOST:PORT", hint=hint)
-        addrs.append((host.strip("[]"), int(port)))
-    for host, port_no in addrs:
-        try:
-            with socket.create_connection((host, port_no), timeout=MASTER_PROBE_S):
-                return
-        except OSError:
-            continue
-    where = ", ".join(f"{h}:{n}" for h, n in addrs)
-    raise ConfigError(
-        f"no Spark master answers at {where}",
-        hint="start it (sbin/start-master.sh) or omit --master to run local[*]",
-    )
-
-
-def _warehouse() -> str:
-    """Return a warehouse folder for this process, removed when it exits (no job writes tables there)."""
-    path = tempfile.mkdtemp(prefix="txchaos-spark-wh-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
-def spark_session(
-    master: str | None = None,
-    *,
-    driver_memory: str = "2g",
-    executor_memory: str = "1g",
-    verbose: bool = False,
-    one_shot: bool = False,
-) -> SparkSession:
-    """Return a lean session: no UI, 2 x cores shuffle partitions, bounded driver memory; the JVM
-    logs errors only unless ``verbose``; ``one_shot``: the session runs one verification and stops
-    (its JVM skips the optimizing compiler, ``ONE_SHOT_JVM_OPTIONS``).
-
-    Raises ``ConfigError`` for a master URL of the wrong form or with no master answering there.
-    """
-    if master is not None:
-        check_master(master)
-    cores = os.cpu_count() or 2
-    builder = (
-        SparkSession.builder.appName("txchaos-verify")
-        .master(master or "local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(2 * cores))
-        .config("spark.default.parallelism", str(2 * cores))
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose, one_shot=one_shot))
-        .config("spark.executor.memory", executor_memory)
-        .config("spark.sql.warehouse.dir", _warehouse())
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.ansi.enabled", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.codegen.aggregate.map.twolevel.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-    )
-    if verbose or SparkSession.getActiveSession() is not None:
-        session = builder.getOrCreate()
-    else:
-        with _jvm_stderr_to_log():
-            session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
-@contextmanager
-def _jvm_stderr_to_log() -> Iterator[None]:
-    """Give the JVMs started inside the block a log file as their stderr instead of ours.
-
-    The JVM itself prints "WARNING: Using incubator modules" at start, below any log4j setting;
-    the driver inherits our stderr when it is spawned, so it is swapped only for that moment. The
-    file (removed when this process exits) keeps whatever the JVM writes there later; a failing
-    job still raises its error in Python.
-    """
-    fd, path = tempfile.mkstemp(prefix="txchaos-spark-driver-", suffix=".log")
-    atexit.register(lambda: Path(path).unlink(missing_ok=True))
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        os.dup2(fd, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
-
-
-def bare_start() -> None:
-    """Start a default ``local[*]`` session, run one trivial job and stop: the benchmark's floor for
-    what any PySpark verification pays before it reads a byte."""
-    session = SparkSession.builder.master("local[*]").getOrCreate()
-    try:
-        session.range(1).count()
-    finally:
-        session.stop()
-
-
-def session_alive(session: SparkSession | None) -> bool:
-    """Return True when ``session`` exists and its SparkContext has not been stopped."""
-    return session is not None and getattr(session.sparkContext, "_jsc", None) is not None
-
-
-def driver_jvm_pid(spark: SparkSession) -> int:
-    """Return the OS pid of the driver JVM (for its peak memory in /proc/<pid>/status)."""
-    jvm: Any = spark.sparkContext._jvm
-    return int(jvm.java.lang.ProcessHandle.current().pid())
 
 
 def is_kind(*kinds: Kind) -> Column:
@@ -279,7 +41,7 @@ def to_spark(pred: model.Pred) -> Column:
     return F.expr(sql.predicate(pred))
 
 
-def load_events(spark: SparkSession, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
+def load_events(spark: Session, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
     """Return the events as a bucketed table, the temporary table's name to drop afterwards, and
     the writer names (``src_code`` -> ``src``).
 
@@ -490,7 +252,7 @@ def _combine(
 
 
 def check_events(
-    spark: SparkSession,
+    spark: Session,
     ledger_dir: Path,
     contract: model.FlowContract,
     phases: dict[str, float] | None = None,
@@ -523,57 +285,3 @@ def check_events(
         return agg, witnesses, windows, unmatched, fault_rows
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")  # external table: drops the name, keeps the files
-
-
-def check_run(
-    run_dir: Path,
-    contract: model.FlowContract,
-    *,
-    scenario: str = "",
-    seed: int | None = None,
-    master: str | None = None,
-    spark: SparkSession | None = None,
-    verbose: bool = False,
-) -> Verdict:
-    """Return the Spark engine's verdict for ``run_dir/ledger``; starts (and stops) a session if none is given
-    (its JVM logging errors only unless ``verbose``).
-
-    An incomplete or damaged folder gets an ``incomplete`` verdict, as in the in-process engine.
-    """
-    if spark is None and master is not None:
-        check_master(master)  # a bad master is the user's input: refuse before touching the folder
-    evidence = gather(run_dir)  # before the JVM: a damaged compacted ledger is rebuilt, not read
-    t0 = time.perf_counter()
-    # A session this process already runs (a pytest session's cross-check) is borrowed, never
-    # stopped: getOrCreate would hand it back anyway, and stopping it would break its owner.
-    active = SparkSession.getActiveSession() if spark is None and master is None else None
-    own = spark is None and not session_alive(active)
-    if spark is not None:
-        session = spark
-    elif not own and active is not None:
-        session = active
-    else:
-        session = spark_session(master, verbose=verbose, one_shot=True)
-    t1 = time.perf_counter()
-    phases: dict[str, float] = {}
-    try:
-        agg, witnesses, windows, unmatched, fault_rows = check_events(
-            session, run_dir / "ledger", contract, phases, snapshot=evidence.closed, intact=evidence.intact
-        )
-        t2 = time.perf_counter()
-    finally:
-        if own:
-            session.stop()
-    timing = {"jvm_start_s": round(t1 - t0, 3) if own else 0.0, "job_s": round(t2 - t1, 3), **phases}
-    verdict = assemble.make_verdict(
-        agg,
-        witnesses,
-        windows,
-        unmatched,
-        engine="spark",
-        scenario=scenario,
-        seed=seed,
-        timing=timing,
-        fault_rows=fault_rows,
-    )
-    return evidence.apply(verdict, contract)
