@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout
+from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, writer_counts
 from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
@@ -73,9 +73,13 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> None:
+Writers = dict[tuple[str, int, str, bool], tuple[int, int, int]]  # Aggregates.writers
+
+
+def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> Writers | None:
     """Make the view ``ev``: the compacted Parquet parts when they have the current layout, else
-    ``read_ledger``'s table with the derived columns the SQL reads."""
+    ``read_ledger``'s table with the derived columns the SQL reads; return the writer counts the
+    layout recorded at compaction (None: count them from ``ev``)."""
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
     if layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION:
@@ -83,8 +87,9 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> None:
         if parts:
             files = "[" + ", ".join(_quote(p) for p in parts) + "]"
             con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files})")
-            return
+            return writer_counts(layout)
     _register(con, read_ledger(ledger_dir))
+    return None
 
 
 def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
@@ -108,7 +113,16 @@ def _windows_table(con: duckdb.DuckDBPyConnection, windows: list[FaultWindow]) -
         con.execute(f"INSERT INTO win VALUES {rows}")
 
 
-def _aggregates(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> Aggregates:
+def _writers(con: duckdb.DuckDBPyConnection) -> Writers:
+    rows = con.execute(
+        "SELECT src, pid, kind, op IS NOT NULL AS has_op, count(*), min(seq), max(seq) FROM ev GROUP BY ALL"
+    ).fetchall()
+    return {(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in rows}
+
+
+def _aggregates(
+    con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow], writers: Writers
+) -> Aggregates:
     flags = {cls: sql.flag_column(cls) for cls in judged}
     sums = ", ".join(f"sum({n}) AS {n}" for n in COUNTS)
     hits = "".join(f", sum({f}) AS {f}" for f in flags.values())
@@ -133,15 +147,12 @@ def _aggregates(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list
         | {cls: int(r[f]) for cls, f in flags.items()}
         for r in overlay_rows
     }
-    writers = con.execute(
-        "SELECT src, pid, kind, op IS NOT NULL AS has_op, count(*), min(seq), max(seq) FROM ev GROUP BY ALL"
-    ).fetchall()
 
     def num(name: str) -> int:
         return int(top[name] or 0)
 
     return Aggregates(
-        writers={(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in writers},
+        writers=writers,
         operations=num("ops"),
         totals={n: num(n) for n in COUNTS},
         anomalies={cls: num(f) for cls, f in flags.items()},
@@ -199,9 +210,11 @@ def check_events(
     snapshot: bool = True,
     intact: bool = True,
     phases: dict[str, float] | None = None,
+    writers: Writers | None = None,
 ) -> tuple[Aggregates, tuple[Any, ...], list[FaultWindow], int, list[dict[str, Any]]]:
     """Run the reconciliation over the view ``ev``; return aggregates, witnesses, windows, unmatched
-    fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds."""
+    fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds;
+    ``writers``: the counts recorded at compaction (else counted from ``ev``)."""
     lap = Laps(phases)
     fault_rows = _fault_rows(con)
     windows, unmatched = pair_fault_windows(fault_rows)
@@ -216,7 +229,7 @@ def check_events(
         + sql.summary_query("ev", contract, D, keys="op_id", judged=judged, per_key=per_key)
     )
     lap("summary_s")
-    agg = _aggregates(con, list(judged), windows)
+    agg = _aggregates(con, list(judged), windows, _writers(con) if writers is None else writers)
     lap("aggregates_s")
     witnesses = _witnesses(con, list(judged), windows)
     lap("chains_s")
@@ -235,11 +248,12 @@ def _verdict(
     seed: int | None,
     snapshot: bool,
     intact: bool,
+    writers: Writers | None = None,
 ) -> Verdict:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     agg, witnesses, windows, unmatched, fault_rows = check_events(
-        con, contract, snapshot=snapshot, intact=intact, phases=phases
+        con, contract, snapshot=snapshot, intact=intact, phases=phases, writers=writers
     )
     timing = {"job_s": round(time.perf_counter() - started, 4), **phases}
     return make_verdict(
@@ -290,6 +304,6 @@ def check_run(run_dir: Path, contract: FlowContract, *, scenario: str = "", seed
     ``incomplete`` verdict that judges only what its evidence can decide (see ``evidence.py``)."""
     evidence = gather(run_dir)
     with connect() as con:
-        _source(con, run_dir / "ledger")
-        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact)
+        writers = _source(con, run_dir / "ledger")
+        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact, writers)
     return evidence.apply(verdict, contract)

@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from harness.errors import ConfigError
-from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, read_layout
+from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, read_layout, writer_counts
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.verify import assemble, fired, model, sql
@@ -41,9 +41,9 @@ def to_spark(pred: model.Pred) -> Column:
     return F.expr(sql.predicate(pred))
 
 
-def load_events(spark: Session, ledger_dir: Path) -> tuple[DataFrame, str, list[str]]:
+def load_events(spark: Session, ledger_dir: Path) -> tuple[DataFrame, str, dict[str, Any]]:
     """Return the events as a bucketed table, the temporary table's name to drop afterwards, and
-    the writer names (``src_code`` -> ``src``).
+    the layout (``srcs``: ``src_code`` -> ``src``; ``writers``: the counts made at compaction).
 
     A ledger compacted by an older layout (without ``op_id``) is compacted again from its segments.
     """
@@ -66,7 +66,7 @@ def load_events(spark: Session, ledger_dir: Path) -> tuple[DataFrame, str, list[
         f"CREATE TABLE {name} ({SPARK_DDL}) USING parquet CLUSTERED BY (op_bucket) "
         f"INTO {int(layout['n_buckets'])} BUCKETS LOCATION '{parquet.resolve().as_uri()}'"
     )
-    return spark.table(name), name, list(layout["srcs"])
+    return spark.table(name), name, layout
 
 
 def per_key_counts(events: DataFrame) -> DataFrame:
@@ -194,8 +194,12 @@ def _witnesses(
     return assemble.build_witnesses(flagged, by_op, windows)
 
 
-def _writers(events: DataFrame, srcs: list[str]) -> list[dict[str, Any]]:
-    """Return (src, pid, kind) -> count and lowest and highest seq, grouping by integer codes."""
+Writers = dict[tuple[str, int, str, bool], tuple[int, int, int]]  # assemble.Aggregates.writers
+
+
+def _writers(events: DataFrame, srcs: list[str]) -> Writers:
+    """Return (src, pid, kind, True) -> count and lowest and highest seq, grouping by integer codes
+    (a ledger compacted before the layout recorded them; ``has_op`` is not told apart)."""
     counts = [F.count(F.lit(1)).alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi")]
     rows = events.groupBy("src_code", "pid", "kind_code").agg(*counts).collect()
     names = list(KIND_CODES)
@@ -204,22 +208,20 @@ def _writers(events: DataFrame, srcs: list[str]) -> list[dict[str, Any]]:
     if len(known) < len(rows):  # kinds this version does not know: count them under their own names
         unknown = events.where(F.col("kind_code") < 0).groupBy("src", "pid", "kind")
         out += [r.asDict() for r in unknown.agg(*counts).collect()]
-    return out
+    return {(r["src"], int(r["pid"]), r["kind"], True): (int(r["n"]), int(r["lo"]), int(r["hi"])) for r in out}
 
 
 def _combine(
-    rows_all: list[dict[str, Any]], flags: dict[str, str], writer_rows: list[dict[str, Any]]
+    rows_all: list[dict[str, Any]], flags: dict[str, str], writers: Writers, *, scanned: bool
 ) -> assemble.Aggregates:
     rows = [r for r in rows_all if r["w"] == -1]
 
     def total(col: str) -> int:
         return sum(int(r[col] or 0) for r in rows)
 
-    # events of operations are counted per op; what is left over has no operation id
-    without_op = sum(int(r["n"]) for r in writer_rows) - total("events")
-    writers: dict[tuple[str, int, str, bool], tuple[int, int, int]] = {}
-    for r in writer_rows:
-        writers[(r["src"], int(r["pid"]), r["kind"], True)] = (int(r["n"]), int(r["lo"]), int(r["hi"]))
+    # scanned writers do not tell has_op apart: events of operations are counted per op, and what
+    # is left over has no operation id
+    without_op = sum(n for n, _, _ in writers.values()) - total("events") if scanned else None
     lat_rows = [r for r in rows if r["k"] is not None]
     hist: dict[int, int] = {}
     latency: dict[int, int] = {}
@@ -267,18 +269,19 @@ def check_events(
     and ``intact`` choose the judged classes (``model.judged_rules``).
     """
     lap = assemble.Laps(phases)
-    events, table, srcs = load_events(spark, ledger_dir)
+    events, table, layout = load_events(spark, ledger_dir)
     try:
         fault_rows = fired.select_rows(
             lambda kinds: [r.asDict() for r in events.where(is_kind(*kinds)).select(*fired.COLUMNS).collect()]
         )
         windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
-        writers = _writers(events, srcs)
+        recorded = writer_counts(layout)
+        writers = _writers(events, list(layout["srcs"])) if recorded is None else recorded
         lap("writers_s")
         summary, flags = summarize(events, contract, snapshot=snapshot, intact=intact)
         rows = _aggregate(summary, flags, windows)
-        agg = _combine(rows, flags, writers)
+        agg = _combine(rows, flags, writers, scanned=recorded is None)
         lap("summary_s")
         witnesses = _witnesses(events, rows, windows, contract)
         lap("chains_s")
