@@ -127,9 +127,19 @@ def stop(state_dir: Path, stack_id: str) -> list[str]:
     return reaped
 
 
+ENV = "TXCHAOS_SPARK_CONNECT"  # "off": never reach a server; "sc://HOST:PORT": reach that one
+
+
 def current_address() -> str | None:
     """Return the Connect server URL of the stack ``txchaos up`` started (or ``$TXCHAOS_ENDPOINTS`` names),
-    when it answers; None otherwise."""
+    when it answers; None otherwise. ``$TXCHAOS_SPARK_CONNECT`` overrides: ``off``, or a server's URL."""
+    chosen = os.environ.get(ENV, "")
+    if chosen == "off":
+        return None
+    if chosen:
+        if not chosen.startswith("sc://"):
+            raise ConfigError(f"{ENV}={chosen!r} is neither off nor sc://HOST:PORT", hint=f"unset {ENV} or fix it")
+        return chosen
     from harness.stack.selection import endpoints_from_env, load_current  # reads two small JSON files
 
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import ConfigError
 from harness.stack import spark_connect
 from harness.stack.procs import start_time
 from tests.unit.fake_endpoints import fake_endpoints
@@ -30,6 +31,7 @@ def listener() -> Iterator[int]:
 def _stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Make ``tmp_path/stack`` the folder of the stack ``$TXCHAOS_ENDPOINTS`` names; return it."""
     state = tmp_path / "stack"
+    monkeypatch.delenv(spark_connect.ENV, raising=False)
     endpoints = replace(fake_endpoints(), stack_id=f"unit-{os.getpid()}", state_dir=str(state))
     monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(endpoints.save(state / "endpoints.json")))
     return state
@@ -64,6 +66,13 @@ def test_current_address_is_the_running_stacks(tmp_path: Path, monkeypatch: pyte
     (state / spark_connect.RECORD).write_text(json.dumps({"url": f"sc://127.0.0.1:{listener}"}))
     assert spark_connect.current_address() == f"sc://127.0.0.1:{listener}"
     assert "not started (--no-spark)" in spark_connect.up(state, "unit", enabled=False)
+    monkeypatch.setenv(spark_connect.ENV, "off")  # the benchmark's cold CLI: a local JVM whatever runs
+    assert spark_connect.current_address() is None
+    monkeypatch.setenv(spark_connect.ENV, "sc://127.0.0.1:1")
+    assert spark_connect.current_address() == "sc://127.0.0.1:1"
+    monkeypatch.setenv(spark_connect.ENV, "127.0.0.1:1")
+    with pytest.raises(ConfigError, match="neither off nor sc://"):
+        spark_connect.current_address()
 
 
 @pytest.mark.spark
