@@ -56,16 +56,19 @@ def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
     The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0 in both engines.
     """
     computed = model.summed(contract)
+    # Per-operation counts fit an INT; DuckDB would make every sum a 16-byte HUGEINT, and at 10M
+    # events its summary (870k operations) then filled the 384 MB buffer pool and spilled.
     out = {"events": "count(1)"}
-    out |= {n: f"sum(CASE WHEN {is_kind(k)} THEN 1 ELSE 0 END)" for n, k in model.COUNTS.items()}
+    out |= {n: f"CAST(sum(CASE WHEN {is_kind(k)} THEN 1 ELSE 0 END) AS INT)" for n, k in model.COUNTS.items()}
     out |= {
-        n: f"sum(CASE WHEN {is_kind(k)} AND attempt > {above} THEN 1 ELSE 0 END)"
+        n: f"CAST(sum(CASE WHEN {is_kind(k)} AND attempt > {above} THEN 1 ELSE 0 END) AS INT)"
         for n, (k, above) in model.ATTEMPT_COUNTS.items()
     }
     for n, (k, key) in model.SUMS.items():
         # a missing field is 0; only that kind's rows parse their detail
         value = f"coalesce({json_int(d, key)}, 0)"
-        out[n] = f"sum(CASE WHEN {is_kind(k)} THEN {value} ELSE 0 END)" if n in computed else "max(CAST(0 AS BIGINT))"
+        summed = f"CAST(sum(CASE WHEN {is_kind(k)} THEN {value} ELSE 0 END) AS BIGINT)"
+        out[n] = summed if n in computed else "max(CAST(0 AS BIGINT))"
     out |= {n: f"min(CASE WHEN {is_kind(k)} THEN ts_ns END)" for n, k in model.FIRST_TS.items()}
     in_span = f"NOT ({is_kind(*sorted(model.SPAN_EXCLUDED))})"
     return out | {
