@@ -42,6 +42,10 @@ PARQUET_SCHEMA = pa.schema(
     ]
 )
 KIND_CODES: dict[str, int] = {str(k): i for i, k in enumerate(Kind)}
+# The rare control events every verification reads (arms and fault windows: a few per run), kept
+# in ``_layout.json`` at compaction with these columns, so no engine scans the ledger for them.
+REQUEST_KINDS: tuple[Kind, ...] = (Kind.ARM, Kind.FAULT_START, Kind.FAULT_END)
+REQUEST_COLUMNS: tuple[str, ...] = ("ts_ns", "src", "seq", "kind", "op", "point", "detail")
 
 
 def kind_codes(kinds: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -101,6 +105,7 @@ class BucketWriter:
         self._map = file_bucket_table(n_buckets)
         self._srcs: dict[str, int] = {}  # writer name -> src_code, in the order first seen
         self._writers_seen: dict[tuple[str, int, str, bool], list[int]] = {}  # see ``writer_counts``
+        self._requests: list[dict[str, Any]] = []  # see ``recorded_requests``
         root.mkdir(parents=True, exist_ok=True)
         self._writers = [
             pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd") for b in range(n_buckets)
@@ -115,6 +120,8 @@ class BucketWriter:
             self._srcs.setdefault(name, len(self._srcs))
         srcs = pc.index_in(table["src"], value_set=pa.array(list(self._srcs), pa.string()))
         self._count_writers(table)
+        wanted = pc.is_in(table["kind"], value_set=pa.array([str(k) for k in REQUEST_KINDS], pa.string()))
+        self._requests += table.filter(wanted).select(list(REQUEST_COLUMNS)).to_pylist()
         table = table.append_column("kind_code", kind_codes(table["kind"]))
         table = table.append_column("src_code", srcs.cast(pa.int32()))
         files = self._map[table["op_bucket"].to_numpy()]
@@ -150,6 +157,7 @@ class BucketWriter:
             "events": events,
             "srcs": list(self._srcs),
             "writers": [[*key, *acc] for key, acc in sorted(self._writers_seen.items())],
+            "requests": sorted(self._requests, key=lambda r: (r["ts_ns"], r["src"], r["seq"])),
             "damaged_lines": dict(sorted((damaged_lines or {}).items())),
         }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
@@ -165,6 +173,13 @@ def writer_counts(layout: dict[str, Any]) -> dict[tuple[str, int, str, bool], tu
     if not isinstance(rows, list):
         return None
     return {(str(s), int(p), str(k), bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in rows}
+
+
+def recorded_requests(layout: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Return the ledger's ``REQUEST_KINDS`` rows (``REQUEST_COLUMNS``) as recorded at compaction, or
+    None for a ledger compacted before they were (an engine then selects them itself)."""
+    rows = layout.get("requests")
+    return [dict(r) for r in rows] if isinstance(rows, list) else None
 
 
 def read_layout(root: Path) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, writer_counts
+from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
 from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
@@ -76,10 +76,10 @@ def _quote(text: str) -> str:
 Writers = dict[tuple[str, int, str, bool], tuple[int, int, int]]  # Aggregates.writers
 
 
-def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> Writers | None:
+def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
     """Make the view ``ev``: the compacted Parquet parts when they have the current layout, else
-    ``read_ledger``'s table with the derived columns the SQL reads; return the writer counts the
-    layout recorded at compaction (None: count them from ``ev``)."""
+    ``read_ledger``'s table with the derived columns the SQL reads; return the layout when the
+    parts are read (what it recorded at compaction need not be selected again), else {}."""
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
     if layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION:
@@ -87,9 +87,9 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> Writers | None:
         if parts:
             files = "[" + ", ".join(_quote(p) for p in parts) + "]"
             con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files})")
-            return writer_counts(layout)
+            return layout
     _register(con, read_ledger(ledger_dir))
-    return None
+    return {}
 
 
 def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
@@ -210,13 +210,15 @@ def check_events(
     snapshot: bool = True,
     intact: bool = True,
     phases: dict[str, float] | None = None,
-    writers: Writers | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> tuple[Aggregates, tuple[Any, ...], list[FaultWindow], int, list[dict[str, Any]]]:
     """Run the reconciliation over the view ``ev``; return aggregates, witnesses, windows, unmatched
     fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds;
-    ``writers``: the counts recorded at compaction (else counted from ``ev``)."""
+    ``layout``: the compacted ledger's, whose writer counts and fault requests are taken as recorded."""
     lap = Laps(phases)
-    fault_rows = _fault_rows(con)
+    layout = layout or {}
+    writers = writer_counts(layout)
+    fault_rows = _fault_rows(con, recorded_requests(layout))
     windows, unmatched = pair_fault_windows(fault_rows)
     lap("faults_s")
     judged = judged_rules(contract, snapshot=snapshot, intact=intact)
@@ -236,9 +238,9 @@ def check_events(
     return agg, witnesses, windows, unmatched, fault_rows
 
 
-def _fault_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+def _fault_rows(con: duckdb.DuckDBPyConnection, recorded: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     cols = ", ".join(fired.COLUMNS)
-    return fired.select_rows(lambda kinds: _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}"))
+    return fired.select_rows(lambda kinds: _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}"), recorded)
 
 
 def _verdict(
@@ -248,12 +250,12 @@ def _verdict(
     seed: int | None,
     snapshot: bool,
     intact: bool,
-    writers: Writers | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> Verdict:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     agg, witnesses, windows, unmatched, fault_rows = check_events(
-        con, contract, snapshot=snapshot, intact=intact, phases=phases, writers=writers
+        con, contract, snapshot=snapshot, intact=intact, phases=phases, layout=layout
     )
     timing = {"job_s": round(time.perf_counter() - started, 4), **phases}
     return make_verdict(
@@ -304,6 +306,6 @@ def check_run(run_dir: Path, contract: FlowContract, *, scenario: str = "", seed
     ``incomplete`` verdict that judges only what its evidence can decide (see ``evidence.py``)."""
     evidence = gather(run_dir)
     with connect() as con:
-        writers = _source(con, run_dir / "ledger")
-        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact, writers)
+        layout = _source(con, run_dir / "ledger")
+        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact, layout)
     return evidence.apply(verdict, contract)

@@ -15,7 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.errors import ConfigError
-from harness.ledger.layout import LAYOUT_NAME, OP_BUCKETS, file_bucket_table, read_layout, spark_hash_int, writer_counts
+from harness.ledger.layout import (
+    LAYOUT_NAME,
+    OP_BUCKETS,
+    REQUEST_COLUMNS,
+    REQUEST_KINDS,
+    file_bucket_table,
+    read_layout,
+    recorded_requests,
+    spark_hash_int,
+    writer_counts,
+)
 from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segments
 from harness.ledger.schema import COLUMNS, Kind
 from harness.ledger.synth import synth_run
@@ -97,6 +107,11 @@ def test_compaction_records_each_writers_counts(tmp_path: Path) -> None:
     recorded = writer_counts(read_layout(out) or {})
     assert recorded == {k: tuple(v) for k, v in expected.items()}
     assert recorded[("driver", os.getpid(), "fault_start", False)] == (1, 50, 50)
+    requests = recorded_requests(read_layout(out) or {})
+    assert requests == [
+        {k: r[k] for k in REQUEST_COLUMNS} for r in read_ledger(ledger).to_pylist() if r["kind"] in REQUEST_KINDS
+    ]
+    assert [r["kind"] for r in requests] == ["fault_start"]  # the one fault event _write_small writes
     meta = json.loads((out / LAYOUT_NAME).read_text())
     del meta["writers"]  # a ledger compacted before they were recorded: the engines count them
     assert writer_counts(meta) is None

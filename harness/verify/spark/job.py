@@ -17,7 +17,14 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from harness.errors import ConfigError
-from harness.ledger.layout import KIND_CODES, LAYOUT_VERSION, PARQUET_SCHEMA, read_layout, writer_counts
+from harness.ledger.layout import (
+    KIND_CODES,
+    LAYOUT_VERSION,
+    PARQUET_SCHEMA,
+    read_layout,
+    recorded_requests,
+    writer_counts,
+)
 from harness.ledger.reader import PARQUET_NAME, compact
 from harness.ledger.schema import COLUMNS, Kind
 from harness.verify import assemble, fired, model, sql
@@ -272,7 +279,8 @@ def check_events(
     events, table, layout = load_events(spark, ledger_dir)
     try:
         fault_rows = fired.select_rows(
-            lambda kinds: [r.asDict() for r in events.where(is_kind(*kinds)).select(*fired.COLUMNS).collect()]
+            lambda kinds: [r.asDict() for r in events.where(is_kind(*kinds)).select(*fired.COLUMNS).collect()],
+            recorded_requests(layout),  # an unarmed run then needs no pass for its faults
         )
         windows, unmatched = assemble.pair_fault_windows(fault_rows)
         lap("faults_s")
