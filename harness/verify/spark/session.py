@@ -21,16 +21,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from pyspark.sql import SparkSession
-from pyspark.sql.connect.session import SparkSession as RemoteSession
 
 from harness.errors import ConfigError
 from harness.paths import cache_root
 from harness.stack import spark_connect
 
-Session: TypeAlias = SparkSession | RemoteSession  # what the job runs on: a local driver or a Connect client
+if TYPE_CHECKING:  # the Connect client pulls in pandas and grpc (0.3-0.4 s): a local verification skips it
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+Session: TypeAlias = "SparkSession | RemoteSession"  # what the job runs on: a local driver or a Connect client
+REMOTE_MODULE = "pyspark.sql.connect.session"
 
 # The JVM options every driver gets are the Connect server's too (``spark_connect.JVM_OPTIONS``);
 # the class-data archive took JVM start 3.7 -> 2.1 s at 10M events, cold.
@@ -225,7 +228,7 @@ def remote_session(url: str) -> RemoteSession:
     # pyspark's own builder, not the Connect module's: only it switches the process to Connect
     # mode, which the functions read to build their Columns (``is_remote``)
     session = SparkSession.builder.remote(url).config(map=SQL_CONF).create()
-    return cast(RemoteSession, session)
+    return cast("RemoteSession", session)
 
 
 def connect_url() -> str | None:
@@ -283,16 +286,22 @@ def bare_start() -> None:
         session.stop()
 
 
+def _is_remote(session: object) -> bool:
+    """Tell a Connect client session (its module is imported once one was made) from a local one."""
+    remote = sys.modules.get(REMOTE_MODULE)
+    return remote is not None and isinstance(session, remote.SparkSession)
+
+
 def session_alive(session: Session | None) -> bool:
     """Return True when ``session`` exists and has not been stopped (a local one: its SparkContext)."""
-    if isinstance(session, RemoteSession):
-        return not session.is_stopped
+    if _is_remote(session):
+        return not cast("RemoteSession", session).is_stopped
     return session is not None and getattr(session.sparkContext, "_jsc", None) is not None
 
 
 def driver_jvm_pid(spark: Session) -> int | None:
     """Return the OS pid of a local session's driver JVM (for its peak memory), None for a remote one."""
-    if isinstance(spark, RemoteSession):
+    if _is_remote(spark):
         return None
-    jvm: Any = spark.sparkContext._jvm
+    jvm: Any = cast(SparkSession, spark).sparkContext._jvm
     return int(jvm.java.lang.ProcessHandle.current().pid())
