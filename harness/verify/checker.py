@@ -47,7 +47,7 @@ __all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "
 MEMORY_LIMIT = "384MB"
 D = sql.DUCKDB
 WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
-QUOTED_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)  # "offset" is a keyword
+CHAIN_COLUMNS = ", ".join(f'e."{c}"' for c in COLUMNS)  # "offset" is a keyword
 
 
 @contextmanager
@@ -187,12 +187,10 @@ def _witnesses(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[
     if not picked:
         return ()
     ids = sorted({int(r["op_id"]) for r in picked})
-    # the witnesses' ids bound the scan: Parquet row groups outside [min, max] are skipped
-    events = _dicts(
-        con,
-        f"SELECT op_id, {QUOTED_COLUMNS} FROM ev WHERE op_id BETWEEN {ids[0]} AND {ids[-1]} "
-        f"AND op_id IN ({', '.join(map(str, ids))})",
-    )
+    # A join with a table of the ids, not an IN list: DuckDB pushes the join's filter into the
+    # Parquet scan, and at 10M events the fetch took 0.30 s against 0.72 s for the IN list.
+    con.execute(f"CREATE OR REPLACE TEMP TABLE wit AS SELECT unnest([{', '.join(map(str, ids))}])::BIGINT AS i")
+    events = _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM ev e JOIN wit ON e.op_id = wit.i")
     names: dict[int, str] = {}
     chains: dict[str, list[dict[str, Any]]] = {}
     for e in events:
