@@ -54,7 +54,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     save_current(endpoints)
     from harness.stack import spark_connect  # hook (issue 31): a warm Spark for `txchaos verify`
 
-    spark_line = spark_connect.up(endpoints.state_dir, endpoints.stack_id, enabled=not args.no_spark)
+    warm = [sys.executable, "-m", "harness.verify.spark.warm"]
+    spark_line = spark_connect.up(endpoints.state_dir, endpoints.stack_id, enabled=not args.no_spark, warm=warm)
     console.print(f"stack [bold]{endpoints.stack_id}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})")
     _print_endpoints(endpoints)
     console.print(f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)")

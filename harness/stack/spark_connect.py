@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import socket
+from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -149,9 +150,14 @@ def current_address() -> str | None:
     return None if endpoints is None else address(Path(endpoints.state_dir))
 
 
-def up(state_dir: str | Path, stack_id: str, *, enabled: bool = True) -> str:
+def up(state_dir: str | Path, stack_id: str, *, enabled: bool = True, warm: Sequence[str] = ()) -> str:
     """Start the server for ``txchaos up`` and return the line to print; a server that fails to start
-    leaves the stack up (a verification then starts a local session), and the line says why."""
+    leaves the stack up (a verification then starts a local session), and the line says why.
+
+    ``warm``: a command run in the background once the server answers (``$TXCHAOS_SPARK_CONNECT``
+    names it), detached like the server and stopped with it: a fresh server's first job compiles
+    what every later one reuses.
+    """
     if not enabled:
         return "spark connect: not started (--no-spark); `txchaos verify` starts a local session"
     try:
@@ -159,4 +165,10 @@ def up(state_dir: str | Path, stack_id: str, *, enabled: bool = True) -> str:
     except TxChaosError as exc:
         first = str(exc).splitlines()[0]
         return f"spark connect: did not start ({first}); `txchaos verify` starts a local session instead"
+    if warm:
+        log = Path(state_dir) / "logs" / "spark-connect-warm.log"
+        env = dict(os.environ, **{ENV: url})
+        scratch = Path(state_dir) / "spark-connect"  # claimed: what it leaves goes with the server
+        tag = f"{_tag(stack_id)}-warm"
+        spawn(list(warm), name="spark-connect-warm", tag=tag, log_path=log, env=env, cwd=scratch, detached=True)
     return f"spark connect: {url}  (`txchaos verify` and the pytest plugin run their Spark jobs there)"

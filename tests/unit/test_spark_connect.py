@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -86,9 +87,17 @@ def test_verify_runs_on_the_stacks_server_and_down_stops_it(tmp_path: Path, monk
     stack_id = f"unit-{os.getpid()}"
     run = synth_run(tmp_path / "run", 20_000, seed=5, anomaly_rate=0.02)
     try:
-        line = spark_connect.up(state, stack_id)
+        line = spark_connect.up(state, stack_id, warm=[sys.executable, "-m", "harness.verify.spark.warm"])
         assert "spark connect: sc://127.0.0.1:" in line, line
         pid = json.loads((state / spark_connect.RECORD).read_text())["pid"]
+        # the warm-up verifies a small ledger through the server in the background, and exits
+        warm_log = state / "logs" / "spark-connect-warm.log"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and warm_log.read_text().count("warm-up job") < 2:
+            if "Traceback" in warm_log.read_text():
+                break
+            time.sleep(0.5)
+        assert warm_log.read_text().count("warm-up job") == 2, warm_log.read_text()[-2000:]
         # a child process: a Connect client switches its whole process to Connect mode
         code = "import sys; from harness.cli import main; sys.exit(main())"
         proc = subprocess.run(
