@@ -234,8 +234,8 @@ def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
         "- **Spark warm**: the same job in a session already up, fastest of"
         f" {WARM_REPEATS} (what each verification after the first costs in the pytest plugin's shared session).",
         "- **bare PySpark**: a new process that starts a default `local[*]` session and counts `range(1)`.",
-        "- **Connect**: a Spark Connect server as `txchaos up` starts it (`stack/spark_connect.py`), started once"
-        " for the benchmark: its first job on each size, the job warm (fastest of"
+        "- **Connect**: a Spark Connect server as `txchaos up` starts and warms it (`stack/spark_connect.py`,"
+        " `verify/spark/warm.py`), started once for the benchmark: its first job on each size, the job warm (fastest of"
         f" {WARM_REPEATS}), and the wall time of a new `txchaos verify RUN` process that reaches it.",
         "- The local figures never reach a Connect server (`TXCHAOS_SPARK_CONNECT=off` in their processes).",
         "",
@@ -290,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack_id = f"bench-{os.getpid()}"
         try:
             url = None if args.no_connect else spark_connect.start(Path(state), stack_id)
+            if url is not None:  # as `txchaos up` does, but waited for: the figures are a warmed server's
+                env = dict(os.environ, **{spark_connect.ENV: url})
+                warm = [sys.executable, "-m", "harness.verify.spark.warm"]
+                subprocess.run(warm, env=env, cwd=state, check=True, capture_output=True)
             for size in sizes:
                 console.print(f"[bold]size {size:,}[/bold] ...")
                 rows.append(bench_size(size, args.work, int(args.spark_max), url))
