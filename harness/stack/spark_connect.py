@@ -102,8 +102,13 @@ def start(state_dir: Path, stack_id: str, *, timeout: float = START_TIMEOUT_S) -
         cwd=scratch,
         detached=True,
     )
-    hint = f"read {proc.log_path}; `txchaos down` stops what started"
-    Wait("spark connect server", port_open("127.0.0.1", port), timeout=timeout, hint=hint).run(proc)
+    try:
+        Wait("spark connect server", port_open("127.0.0.1", port), timeout=timeout, hint=f"read {proc.log_path}").run(
+            proc
+        )
+    except BaseException:
+        stop(state_dir, stack_id)  # a server still starting after the timeout must not outlive the failure
+        raise
     url = f"sc://127.0.0.1:{port}"
     (state_dir / RECORD).write_text(json.dumps({"url": url, "pid": proc.pid}))
     return url

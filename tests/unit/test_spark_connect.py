@@ -115,3 +115,16 @@ def test_verify_runs_on_the_stacks_server_and_down_stops_it(tmp_path: Path, monk
     assert not (state / "spark-connect").exists()  # its scratch folder goes with it
     assert (state / "logs" / spark_connect.LOG).is_file()  # its log stays, like the other servers'
     assert spark_connect.address(state) is None
+
+
+def test_a_server_not_ready_in_time_is_stopped_with_its_log(tmp_path: Path) -> None:
+    from harness.errors import StackError
+    from harness.stack.local_state import tagged_pids
+
+    stack_id = f"unit-slow-{os.getpid()}"
+    with pytest.raises(StackError, match="spark connect server: not ready") as caught:
+        spark_connect.start(tmp_path, stack_id, timeout=0.0)  # no JVM listens within no time at all
+    assert f"read {tmp_path / 'logs' / spark_connect.LOG}" in str(caught.value)
+    assert tagged_pids(f"stack/{stack_id}/spark-connect") == []  # not left running detached
+    assert not (tmp_path / "spark-connect").exists()
+    assert spark_connect.address(tmp_path) is None
