@@ -52,9 +52,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         started = time.monotonic()
         endpoints = provider.start()
     save_current(endpoints)
+    from harness.stack import spark_connect  # hook (issue 31): a warm Spark for `txchaos verify`
+
+    warm = [sys.executable, "-m", "harness.verify.spark.warm"]
+    spark_line = spark_connect.up(endpoints.state_dir, endpoints.stack_id, enabled=not args.no_spark, warm=warm)
     console.print(f"stack [bold]{endpoints.stack_id}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})")
     _print_endpoints(endpoints)
     console.print(f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)")
+    console.print(spark_line)
     return 0
 
 
@@ -106,6 +111,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         stopped = [ep.stack_id]
     else:
         stopped = stop_detached(ep.stack_id)
+    from harness.stack import spark_connect  # hook (issue 31): its server goes with the stack
+
+    spark_connect.stop(Path(ep.state_dir), ep.stack_id)
     current_file().unlink(missing_ok=True)
     console.print(
         f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs"
@@ -379,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start a stack and keep it running; prints the endpoints")
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.add_argument("--no-spark", action="store_true", help="start no Spark Connect server beside the stack")
     p.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop the stack `up` started").set_defaults(func=cmd_down)
     sub.add_parser("status", help="show the running stack and probe each service").set_defaults(func=cmd_status)

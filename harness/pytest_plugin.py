@@ -256,7 +256,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         agreed = sum(c.agree for c in spark.checks)
         job = sum(c.spark.timing.get("job_s", 0.0) for c in spark.checks)
         tr.write_line(
-            f"spark engine: {agreed} of {len(spark.checks)} runs verified to the same verdict ({job:.1f}s of jobs)"
+            f"spark engine: {agreed} of {len(spark.checks)} runs verified to the same verdict ({job:.1f}s of jobs"
+            f" on {spark.where})"  # hook (issue 31): which Spark ran them
         )
         for c in spark.checks:
             if not c.agree:

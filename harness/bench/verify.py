@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from harness.bench.report import write_section
+from harness.stack import spark_connect
 
 SECTION = "Ledger verification (issues 5 and 31)"
 OLD_SECTION = "Ledger verification (issue 5)"
@@ -64,6 +65,22 @@ def _child(kind: str, run_dir: str, out: str) -> None:
         started = time.perf_counter()
         counts = checker.floor_counts(run, contract)
         result |= {"job_s": round(time.perf_counter() - started, 3), "rss_mb": _rss_mb(), "counts": counts}
+    elif kind == "connect":
+        from harness.verify import spark
+
+        started = time.perf_counter()
+        remote = spark.remote_session(os.environ[spark_connect.ENV])
+        connect_s = round(time.perf_counter() - started, 3)
+        first = spark.check_run(run, contract, spark=remote)
+        warm = [spark.check_run(run, contract, spark=remote) for _ in range(WARM_REPEATS)]
+        best = min(warm, key=lambda v: v.timing["job_s"])
+        remote.stop()
+        result |= {
+            "connect_s": connect_s,
+            "first_job_s": first.timing["job_s"],
+            "job_s": best.timing["job_s"],
+            "verdict": best.to_dict(),
+        }
     else:
         from harness.verify import spark
 
@@ -84,16 +101,19 @@ def _child(kind: str, run_dir: str, out: str) -> None:
     Path(out).write_text(json.dumps(result, default=str))
 
 
-def _python(code: str, *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+def _python(code: str, *args: str, connect: str = "off") -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run ``code`` in a new interpreter reaching the Connect server ``connect`` (``off``: none, whatever
+    stack is up, so the local figures stay local); return its wall time and the process."""
+    env = dict(os.environ, **{spark_connect.ENV: connect})
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, env=env)
     return round(time.perf_counter() - started, 2), proc
 
 
-def _run_child(kind: str, run: Path) -> dict[str, Any]:
+def _run_child(kind: str, run: Path, connect: str = "off") -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as fh:
         code = f"from harness.bench.verify import _child; _child({kind!r}, {str(run)!r}, {fh.name!r})"
-        wall, proc = _python(code)
+        wall, proc = _python(code, connect=connect)
         if proc.returncode != 0:
             raise RuntimeError(f"{kind} verify of {run} failed:\n{proc.stderr[-3000:]}")
         out: dict[str, Any] = json.loads(Path(fh.name).read_text())
@@ -101,9 +121,11 @@ def _run_child(kind: str, run: Path) -> dict[str, Any]:
         return out
 
 
-def cold_cli(run: Path) -> tuple[float, list[str]]:
-    """Return the wall time of ``txchaos verify RUN`` in a new process and the lines it wrote to stderr."""
-    wall, proc = _python("import sys; from harness.cli import main; sys.exit(main())", "verify", str(run))
+def cold_cli(run: Path, connect: str = "off") -> tuple[float, list[str]]:
+    """Return the wall time of ``txchaos verify RUN`` in a new process (reaching the Connect server
+    ``connect``, or none) and the lines it wrote to stderr."""
+    code = "import sys; from harness.cli import main; sys.exit(main())"
+    wall, proc = _python(code, "verify", str(run), connect=connect)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"txchaos verify {run} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return wall, proc.stderr.splitlines()
@@ -129,7 +151,7 @@ def writer_cost(n: int = 50_000) -> float:
         return (time.perf_counter() - started) / n * 1e6
 
 
-def bench_size(events: int, work: Path, spark_max: int) -> dict[str, Any]:
+def bench_size(events: int, work: Path, spark_max: int, connect: str | None = None) -> dict[str, Any]:
     """Synthesize (or reuse) a run of ``events`` events and measure every engine on it; return the figures."""
     from harness.ledger.synth import synth_run
     from harness.verify.assemble import compare_verdicts
@@ -176,6 +198,16 @@ def bench_size(events: int, work: Path, spark_max: int) -> dict[str, Any]:
             "spark_truth": remote.found() == truth,
             "engines_agree": compare_verdicts(local, remote) == [],
         }
+    if events <= spark_max and connect is not None:
+        sc = _run_child("connect", run, connect)
+        cli_s, _ = cold_cli(run, connect)
+        via = Verdict.from_dict(sc["verdict"])
+        row |= {
+            "connect_first_s": sc["first_job_s"],
+            "connect_warm_s": sc["job_s"],
+            "connect_cli_s": cli_s,
+            "connect_agree": compare_verdicts(local, via) == [] and via.found() == truth,
+        }
     row["load_after"] = os.getloadavg()[0]
     return row
 
@@ -202,11 +234,16 @@ def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
         "- **Spark warm**: the same job in a session already up, fastest of"
         f" {WARM_REPEATS} (what each verification after the first costs in the pytest plugin's shared session).",
         "- **bare PySpark**: a new process that starts a default `local[*]` session and counts `range(1)`.",
+        "- **Connect**: a Spark Connect server as `txchaos up` starts and warms it (`stack/spark_connect.py`,"
+        " `verify/spark/warm.py`), started once for the benchmark: its first job on each size, the job warm (fastest of"
+        f" {WARM_REPEATS}), and the wall time of a new `txchaos verify RUN` process that reaches it.",
+        "- The local figures never reach a Connect server (`TXCHAOS_SPARK_CONNECT=off` in their processes).",
         "",
         "| events | load 1-min before/after | DuckDB engine s | DuckDB floor s | engine/floor | DuckDB RSS MB "
         "| Spark warm s | warm/DuckDB | Spark cold CLI s | bare PySpark s | cold - (bare + warm) s "
-        "| CLI stderr lines | truth found (DuckDB/floor/Spark) | engines agree |",
-        "|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|:-:|",
+        "| CLI stderr lines | truth found (DuckDB/floor/Spark) | engines agree "
+        "| Connect first job s | Connect warm s | Connect warm/DuckDB | `txchaos verify` via Connect s |",
+        "|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|:-:|---:|---:|---:|---:|",
     ]
     for r in rows:
         warm, cold, bare = r.get("spark_warm_s"), r.get("spark_cold_cli_s"), r.get("bare_pyspark_s")
@@ -216,7 +253,9 @@ def _markdown(rows: list[dict[str, Any]], command: str, emit_us: float) -> str:
             f"| {r['events']:,} | {r['load_before']:.2f} / {r['load_after']:.2f} | {r['duckdb_s']} | {r['floor_s']} "
             f"| {_ratio(r['duckdb_s'], r['floor_s'])} | {r['duckdb_rss_mb']} | {warm or '-'} "
             f"| {_ratio(warm, r['duckdb_s'])} | {cold or '-'} | {bare or '-'} | {slack} "
-            f"| {r.get('cli_stderr_lines', '-')} | {truth} | {_yes(r.get('engines_agree'))} |"
+            f"| {r.get('cli_stderr_lines', '-')} | {truth} | {_yes(r.get('engines_agree'))} "
+            f"| {r.get('connect_first_s', '-')} | {r.get('connect_warm_s', '-')} "
+            f"| {_ratio(r.get('connect_warm_s'), r['duckdb_s'])} | {r.get('connect_cli_s', '-')} |"
         )
     lines += ["", "Spark warm job phases (s): "]
     lines[-1] += "; ".join(
@@ -241,15 +280,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-max", type=float, default=1e9, help="largest size the Spark figures are taken at")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-connect", action="store_true", help="take no Spark Connect figures")
     args = parser.parse_args(argv)
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     console = Console()
     emit_us = writer_cost()
     rows = []
-    for size in sizes:
-        console.print(f"[bold]size {size:,}[/bold] ...")
-        rows.append(bench_size(size, args.work, int(args.spark_max)))
-        console.print(rows[-1])
+    with tempfile.TemporaryDirectory(prefix="txchaos-bench-connect-") as state:
+        stack_id = f"bench-{os.getpid()}"
+        try:
+            url = None if args.no_connect else spark_connect.start(Path(state), stack_id)
+            if url is not None:  # as `txchaos up` does, but waited for: the figures are a warmed server's
+                env = dict(os.environ, **{spark_connect.ENV: url})
+                warm = [sys.executable, "-m", "harness.verify.spark.warm"]
+                subprocess.run(warm, env=env, cwd=state, check=True, capture_output=True)
+            for size in sizes:
+                console.print(f"[bold]size {size:,}[/bold] ...")
+                rows.append(bench_size(size, args.work, int(args.spark_max), url))
+                console.print(rows[-1])
+        finally:
+            spark_connect.stop(Path(state), stack_id)
     command = "txchaos bench verify " + " ".join(argv if argv is not None else sys.argv[1:])
     body = _markdown(rows, command.strip(), emit_us)
     sys.stdout.write(body)
@@ -259,5 +309,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if f"## {OLD_SECTION}\n" in doc:
             args.doc.write_text(doc.replace(f"## {OLD_SECTION}\n", f"## {SECTION}\n", 1))
         write_section(SECTION, body, args.doc)
-    keys = ("duckdb_truth", "floor_truth", "spark_truth", "engines_agree")
+    keys = ("duckdb_truth", "floor_truth", "spark_truth", "engines_agree", "connect_agree")
     return 0 if all(r.get(k, True) for r in rows for k in keys) else 1

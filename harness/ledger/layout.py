@@ -42,6 +42,10 @@ PARQUET_SCHEMA = pa.schema(
     ]
 )
 KIND_CODES: dict[str, int] = {str(k): i for i, k in enumerate(Kind)}
+# The rare control events every verification reads (arms and fault windows: a few per run), kept
+# in ``_layout.json`` at compaction with these columns, so no engine scans the ledger for them.
+REQUEST_KINDS: tuple[Kind, ...] = (Kind.ARM, Kind.FAULT_START, Kind.FAULT_END)
+REQUEST_COLUMNS: tuple[str, ...] = ("ts_ns", "src", "seq", "kind", "op", "point", "detail")
 
 
 def kind_codes(kinds: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -100,6 +104,8 @@ class BucketWriter:
         self.n_buckets = n_buckets
         self._map = file_bucket_table(n_buckets)
         self._srcs: dict[str, int] = {}  # writer name -> src_code, in the order first seen
+        self._writers_seen: dict[tuple[str, int, str, bool], list[int]] = {}  # see ``writer_counts``
+        self._requests: list[dict[str, Any]] = []  # see ``recorded_requests``
         root.mkdir(parents=True, exist_ok=True)
         self._writers = [
             pq.ParquetWriter(bucket_path(root, b), PARQUET_SCHEMA, compression="zstd") for b in range(n_buckets)
@@ -113,6 +119,9 @@ class BucketWriter:
         for name in pc.unique(table["src"]).to_pylist():
             self._srcs.setdefault(name, len(self._srcs))
         srcs = pc.index_in(table["src"], value_set=pa.array(list(self._srcs), pa.string()))
+        self._count_writers(table)
+        wanted = pc.is_in(table["kind"], value_set=pa.array([str(k) for k in REQUEST_KINDS], pa.string()))
+        self._requests += table.filter(wanted).select(list(REQUEST_COLUMNS)).to_pylist()
         table = table.append_column("kind_code", kind_codes(table["kind"]))
         table = table.append_column("src_code", srcs.cast(pa.int32()))
         files = self._map[table["op_bucket"].to_numpy()]
@@ -122,6 +131,17 @@ class BucketWriter:
             lo, hi = int(bounds[b]), int(bounds[b + 1])
             if hi > lo:
                 self._writers[b].write_table(table.take(order[lo:hi]).cast(PARQUET_SCHEMA))
+
+    def _count_writers(self, table: pa.Table) -> None:
+        keyed = table.select(["src", "pid", "kind", "seq"]).append_column("has_op", pc.is_valid(table["op"]))
+        stats = keyed.group_by(["src", "pid", "kind", "has_op"]).aggregate(
+            [("seq", "count"), ("seq", "min"), ("seq", "max")]
+        )
+        names = ["src", "pid", "kind", "has_op", "seq_count", "seq_min", "seq_max"]
+        for src, pid, kind, has_op, n, lo, hi in zip(*(stats[c].to_pylist() for c in names), strict=True):
+            acc = self._writers_seen.setdefault((src, pid, kind, has_op), [0, lo, hi])
+            acc[0] += n
+            acc[1], acc[2] = min(acc[1], lo), max(acc[2], hi)
 
     def close(self, events: int, *, damaged_lines: dict[str, int] | None = None) -> None:
         """Close the bucket files and write ``_layout.json``; ``damaged_lines`` (segment -> lines
@@ -136,9 +156,30 @@ class BucketWriter:
             "op_buckets": OP_BUCKETS,
             "events": events,
             "srcs": list(self._srcs),
+            "writers": [[*key, *acc] for key, acc in sorted(self._writers_seen.items())],
+            "requests": sorted(self._requests, key=lambda r: (r["ts_ns"], r["src"], r["seq"])),
             "damaged_lines": dict(sorted((damaged_lines or {}).items())),
         }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
+
+
+def writer_counts(layout: dict[str, Any]) -> dict[tuple[str, int, str, bool], tuple[int, int, int]] | None:
+    """Return (src, pid, kind, has_op) -> (events, lowest seq, highest seq) as counted at compaction,
+    or None for a ledger compacted before they were recorded (an engine then counts them itself).
+
+    Counted while the parts are written, so no engine scans the whole ledger again for them.
+    """
+    rows = layout.get("writers")
+    if not isinstance(rows, list):
+        return None
+    return {(str(s), int(p), str(k), bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in rows}
+
+
+def recorded_requests(layout: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Return the ledger's ``REQUEST_KINDS`` rows (``REQUEST_COLUMNS``) as recorded at compaction, or
+    None for a ledger compacted before they were (an engine then selects them itself)."""
+    rows = layout.get("requests")
+    return [dict(r) for r in rows] if isinstance(rows, list) else None
 
 
 def read_layout(root: Path) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout
+from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
 from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
@@ -47,7 +47,7 @@ __all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "
 MEMORY_LIMIT = "384MB"
 D = sql.DUCKDB
 WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
-QUOTED_COLUMNS = ", ".join(f'"{c}"' for c in COLUMNS)  # "offset" is a keyword
+CHAIN_COLUMNS = ", ".join(f'e."{c}"' for c in COLUMNS)  # "offset" is a keyword
 
 
 @contextmanager
@@ -73,9 +73,13 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> None:
+Writers = dict[tuple[str, int, str, bool], tuple[int, int, int]]  # Aggregates.writers
+
+
+def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
     """Make the view ``ev``: the compacted Parquet parts when they have the current layout, else
-    ``read_ledger``'s table with the derived columns the SQL reads."""
+    ``read_ledger``'s table with the derived columns the SQL reads; return the layout when the
+    parts are read (what it recorded at compaction need not be selected again), else {}."""
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
     if layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION:
@@ -83,8 +87,9 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> None:
         if parts:
             files = "[" + ", ".join(_quote(p) for p in parts) + "]"
             con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files})")
-            return
+            return layout
     _register(con, read_ledger(ledger_dir))
+    return {}
 
 
 def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
@@ -108,7 +113,16 @@ def _windows_table(con: duckdb.DuckDBPyConnection, windows: list[FaultWindow]) -
         con.execute(f"INSERT INTO win VALUES {rows}")
 
 
-def _aggregates(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> Aggregates:
+def _writers(con: duckdb.DuckDBPyConnection) -> Writers:
+    rows = con.execute(
+        "SELECT src, pid, kind, op IS NOT NULL AS has_op, count(*), min(seq), max(seq) FROM ev GROUP BY ALL"
+    ).fetchall()
+    return {(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in rows}
+
+
+def _aggregates(
+    con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow], writers: Writers
+) -> Aggregates:
     flags = {cls: sql.flag_column(cls) for cls in judged}
     sums = ", ".join(f"sum({n}) AS {n}" for n in COUNTS)
     hits = "".join(f", sum({f}) AS {f}" for f in flags.values())
@@ -133,15 +147,12 @@ def _aggregates(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list
         | {cls: int(r[f]) for cls, f in flags.items()}
         for r in overlay_rows
     }
-    writers = con.execute(
-        "SELECT src, pid, kind, op IS NOT NULL AS has_op, count(*), min(seq), max(seq) FROM ev GROUP BY ALL"
-    ).fetchall()
 
     def num(name: str) -> int:
         return int(top[name] or 0)
 
     return Aggregates(
-        writers={(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in writers},
+        writers=writers,
         operations=num("ops"),
         totals={n: num(n) for n in COUNTS},
         anomalies={cls: num(f) for cls, f in flags.items()},
@@ -176,12 +187,10 @@ def _witnesses(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[
     if not picked:
         return ()
     ids = sorted({int(r["op_id"]) for r in picked})
-    # the witnesses' ids bound the scan: Parquet row groups outside [min, max] are skipped
-    events = _dicts(
-        con,
-        f"SELECT op_id, {QUOTED_COLUMNS} FROM ev WHERE op_id BETWEEN {ids[0]} AND {ids[-1]} "
-        f"AND op_id IN ({', '.join(map(str, ids))})",
-    )
+    # A join with a table of the ids, not an IN list: DuckDB pushes the join's filter into the
+    # Parquet scan, and at 10M events the fetch took 0.30 s against 0.72 s for the IN list.
+    con.execute(f"CREATE OR REPLACE TEMP TABLE wit AS SELECT unnest([{', '.join(map(str, ids))}])::BIGINT AS i")
+    events = _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM ev e JOIN wit ON e.op_id = wit.i")
     names: dict[int, str] = {}
     chains: dict[str, list[dict[str, Any]]] = {}
     for e in events:
@@ -199,11 +208,15 @@ def check_events(
     snapshot: bool = True,
     intact: bool = True,
     phases: dict[str, float] | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> tuple[Aggregates, tuple[Any, ...], list[FaultWindow], int, list[dict[str, Any]]]:
     """Run the reconciliation over the view ``ev``; return aggregates, witnesses, windows, unmatched
-    fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds."""
+    fault ends and the fault rows (``fired``). ``phases`` (when given) receives each step's seconds;
+    ``layout``: the compacted ledger's, whose writer counts and fault requests are taken as recorded."""
     lap = Laps(phases)
-    fault_rows = _fault_rows(con)
+    layout = layout or {}
+    writers = writer_counts(layout)
+    fault_rows = _fault_rows(con, recorded_requests(layout))
     windows, unmatched = pair_fault_windows(fault_rows)
     lap("faults_s")
     judged = judged_rules(contract, snapshot=snapshot, intact=intact)
@@ -216,16 +229,16 @@ def check_events(
         + sql.summary_query("ev", contract, D, keys="op_id", judged=judged, per_key=per_key)
     )
     lap("summary_s")
-    agg = _aggregates(con, list(judged), windows)
+    agg = _aggregates(con, list(judged), windows, _writers(con) if writers is None else writers)
     lap("aggregates_s")
     witnesses = _witnesses(con, list(judged), windows)
     lap("chains_s")
     return agg, witnesses, windows, unmatched, fault_rows
 
 
-def _fault_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+def _fault_rows(con: duckdb.DuckDBPyConnection, recorded: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     cols = ", ".join(fired.COLUMNS)
-    return fired.select_rows(lambda kinds: _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}"))
+    return fired.select_rows(lambda kinds: _dicts(con, f"SELECT {cols} FROM ev WHERE {sql.is_kind(*kinds)}"), recorded)
 
 
 def _verdict(
@@ -235,11 +248,12 @@ def _verdict(
     seed: int | None,
     snapshot: bool,
     intact: bool,
+    layout: dict[str, Any] | None = None,
 ) -> Verdict:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     agg, witnesses, windows, unmatched, fault_rows = check_events(
-        con, contract, snapshot=snapshot, intact=intact, phases=phases
+        con, contract, snapshot=snapshot, intact=intact, phases=phases, layout=layout
     )
     timing = {"job_s": round(time.perf_counter() - started, 4), **phases}
     return make_verdict(
@@ -290,6 +304,6 @@ def check_run(run_dir: Path, contract: FlowContract, *, scenario: str = "", seed
     ``incomplete`` verdict that judges only what its evidence can decide (see ``evidence.py``)."""
     evidence = gather(run_dir)
     with connect() as con:
-        _source(con, run_dir / "ledger")
-        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact)
+        layout = _source(con, run_dir / "ledger")
+        verdict = _verdict(con, contract, scenario, seed, evidence.closed, evidence.intact, layout)
     return evidence.apply(verdict, contract)

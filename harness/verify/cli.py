@@ -152,7 +152,12 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txchaos verify", description="verify a run folder's ledger")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--engine", choices=("spark", "in-process"), default="spark")
-    parser.add_argument("--master", default=None, help="Spark master URL (default local[*]), e.g. spark://host:7077")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL, e.g. spark://host:7077 (default: the Spark Connect server of the stack "
+        "`txchaos up` started, else local[*])",
+    )
     parser.add_argument("--verbose", action="store_true", help="show the Spark JVM's log (warnings included)")
     args = parser.parse_args(argv)
     try:
@@ -162,7 +167,9 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     for note in verdict.notes:
         sys.stdout.write(f"note: {note}\n")
-    timing = " ".join(f"{k}={v}" for k, v in verdict.timing.items() if k in ("jvm_start_s", "job_s"))
+    timing = " ".join(f"{k}={v}" for k, v in verdict.timing.items() if k in ("jvm_start_s", "connect_s", "job_s"))
+    # connect_s: the stack's Spark Connect server ran the job; jvm_start_s: a local driver did
+    where = " via the stack's Spark Connect server" if "connect_s" in verdict.timing else ""
     out = args.run_dir / VERDICT_FILES[verdict.engine]
-    sys.stdout.write(f"{verdict.headline()}  [{verdict.engine} {timing}] -> {out}\n")
+    sys.stdout.write(f"{verdict.headline()}  [{verdict.engine}{where} {timing}] -> {out}\n")
     return exit_code(verdict)

@@ -21,15 +21,16 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from harness.ledger.layout import REQUEST_COLUMNS, REQUEST_KINDS
 from harness.ledger.schema import Kind
 from harness.traps.base import UNREACHED
 
 # What was asked (an engine always selects these: a few rows per run) and what fired (selected
 # only when something was armed: a synthetic ledger of 100M events holds ~1M crash rows and no arm).
-REQUESTS: tuple[Kind, ...] = (Kind.ARM, Kind.FAULT_START, Kind.FAULT_END)
+REQUESTS: tuple[Kind, ...] = REQUEST_KINDS  # compaction records these (``ledger/layout.py``)
 FIRINGS: tuple[Kind, ...] = (Kind.CRASH, Kind.FORCED_REDELIVERY)
 KINDS: tuple[Kind, ...] = REQUESTS + FIRINGS
-COLUMNS: tuple[str, ...] = ("ts_ns", "src", "seq", "kind", "op", "point", "detail")
+COLUMNS: tuple[str, ...] = REQUEST_COLUMNS
 
 
 def armed(rows: list[dict[str, Any]]) -> bool:
@@ -37,10 +38,13 @@ def armed(rows: list[dict[str, Any]]) -> bool:
     return any(r["kind"] == Kind.ARM for r in rows)
 
 
-def select_rows(select: Callable[[tuple[Kind, ...]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def select_rows(
+    select: Callable[[tuple[Kind, ...]], list[dict[str, Any]]], recorded: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Return the rows an engine hands to ``make_verdict``, ``select(kinds)`` being its query of
-    ``COLUMNS``: the requests, and their firings only when something was armed."""
-    rows = select(REQUESTS)
+    ``COLUMNS``: the requests (``recorded`` at compaction, when given), and their firings only when
+    something was armed."""
+    rows = select(REQUESTS) if recorded is None else recorded
     return rows + select(FIRINGS) if armed(rows) else rows
 
 

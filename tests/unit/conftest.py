@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# Unit tests run their Spark work in local sessions, whether or not a developer's `txchaos up`
+# stack runs a Spark Connect server: a process that once reached one builds every Column for
+# Connect, which would break the local sessions of the tests after it. The Connect tests opt in.
+os.environ.setdefault("TXCHAOS_SPARK_CONNECT", "off")
 
 
 @pytest.fixture(scope="module")

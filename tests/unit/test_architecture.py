@@ -14,7 +14,7 @@ ADAPTERS = {
     "stomp": {"harness/clients/activemq.py"},
     "confluent_kafka": {"harness/clients/kafka/"},  # a package: admin, group, reader, records
     "toxiproxy": {"harness/clients/toxiproxy.py"},
-    "pyspark": {"harness/verify/spark.py"},
+    "pyspark": {"harness/verify/spark/"},  # a package: session, job
     "duckdb": {"harness/verify/checker.py"},
     "allure": {"harness/reporting/allure.py"},
     "matplotlib": {"harness/reporting/plots.py"},

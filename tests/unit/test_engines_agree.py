@@ -252,12 +252,12 @@ def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeyp
     monkeypatch.delenv(spark.CDS_DUMP_ENV, raising=False)
     archive = spark.class_archive()
     assert archive.parent == tmp_path / "spark"
-    assert "SharedArchiveFile" not in spark._java_options()  # none recorded yet: plain JVM
+    assert "SharedArchiveFile" not in spark.session._java_options()  # none recorded yet: plain JVM
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"recorded")
-    assert f"-XX:SharedArchiveFile={archive}" in spark._java_options()
+    assert f"-XX:SharedArchiveFile={archive}" in spark.session._java_options()
     monkeypatch.setenv(spark.CDS_DUMP_ENV, str(tmp_path / "training.jsa"))  # the training run records
-    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'training.jsa'}" in spark._java_options()
+    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'training.jsa'}" in spark.session._java_options()
 
 
 # Declared checks (issue 15): class -> the classes the verdict must name under DECLARED_CONTRACT.

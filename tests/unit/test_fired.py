@@ -137,3 +137,32 @@ def test_every_trap_point_says_what_the_service_did_not_do() -> None:
     from harness.traps.base import POINTS, UNREACHED
 
     assert set(UNREACHED) == set(POINTS)
+
+
+def test_what_compaction_records_gives_the_verdict_a_scan_gives(tmp_path: Path) -> None:
+    # the engines take the fault requests and the writer counts from _layout.json instead of a pass
+    # over the ledger: a ledger compacted before they were recorded must get the very same verdict
+    from harness.ledger.layout import LAYOUT_NAME, read_layout
+    from harness.ledger.reader import PARQUET_NAME, compact
+
+    _ledger(tmp_path)
+    parts = compact(tmp_path / "ledger")
+    layout = read_layout(parts) or {}
+    assert [r["kind"] for r in layout["requests"]].count(str(Kind.ARM)) == 4
+    recorded = checker.check_run(tmp_path, FlowContract())
+    (parts / LAYOUT_NAME).write_text(json.dumps({k: v for k, v in layout.items() if k not in ("requests", "writers")}))
+    scanned = checker.check_run(tmp_path, FlowContract())
+    assert compare_verdicts(recorded, scanned) == []
+    assert recorded.faults == scanned.faults
+    assert recorded.stats == scanned.stats
+    fired = sorted(str(e["name"]) for e in recorded.faults if e["fired"])
+    assert fired == ["after_db_commit", "latency:postgres", "pg_after_commit"]  # arm-0, arm-2, the busy window
+    # and the recorded rows are what the engine reads: a window only _layout.json holds shows up
+    extra = [
+        {"ts_ns": T0 + 60 * S, "src": "driver", "seq": 900, "kind": str(k), "op": None, "point": "pause:kafka"}
+        | {"detail": None}
+        for k in (Kind.FAULT_START, Kind.FAULT_END)
+    ]
+    (parts / LAYOUT_NAME).write_text(json.dumps(layout | {"requests": layout["requests"] + extra}))
+    assert "pause:kafka" in _by_name(checker.check_run(tmp_path, FlowContract()))
+    assert (tmp_path / "ledger" / PARQUET_NAME).is_dir()

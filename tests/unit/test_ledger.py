@@ -15,7 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.errors import ConfigError
-from harness.ledger.layout import OP_BUCKETS, file_bucket_table, read_layout, spark_hash_int
+from harness.ledger.layout import (
+    LAYOUT_NAME,
+    OP_BUCKETS,
+    REQUEST_COLUMNS,
+    REQUEST_KINDS,
+    file_bucket_table,
+    read_layout,
+    recorded_requests,
+    spark_hash_int,
+    writer_counts,
+)
 from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segments
 from harness.ledger.schema import COLUMNS, Kind
 from harness.ledger.synth import synth_run
@@ -81,6 +91,30 @@ def test_compact_numbers_ops_in_id_order_and_codes_kinds_and_writers(tmp_path: P
     codes = pq.read_table(out, columns=["src", "src_code"]).to_pylist()
     assert sorted(srcs) == ["driver", "sink"]
     assert all(srcs[r["src_code"]] == r["src"] for r in codes)
+
+
+def test_compaction_records_each_writers_counts(tmp_path: Path) -> None:
+    # the engines take these instead of scanning the whole ledger again: they must be the scan's figures
+    ledger = _write_small(tmp_path)
+    with LedgerWriter(ledger, "driver") as late:  # a second process of the same writer name
+        late.emit(Kind.SUBMIT, op="op-late")
+    out = compact(ledger)
+    expected: dict[tuple[str, int, str, bool], list[int]] = {}
+    for r in read_ledger(ledger).to_pylist():
+        acc = expected.setdefault((r["src"], r["pid"], r["kind"], r["op"] is not None), [0, r["seq"], r["seq"]])
+        acc[0] += 1
+        acc[1], acc[2] = min(acc[1], r["seq"]), max(acc[2], r["seq"])
+    recorded = writer_counts(read_layout(out) or {})
+    assert recorded == {k: tuple(v) for k, v in expected.items()}
+    assert recorded[("driver", os.getpid(), "fault_start", False)] == (1, 50, 50)
+    requests = recorded_requests(read_layout(out) or {})
+    assert requests == [
+        {k: r[k] for k in REQUEST_COLUMNS} for r in read_ledger(ledger).to_pylist() if r["kind"] in REQUEST_KINDS
+    ]
+    assert [r["kind"] for r in requests] == ["fault_start"]  # the one fault event _write_small writes
+    meta = json.loads((out / LAYOUT_NAME).read_text())
+    del meta["writers"]  # a ledger compacted before they were recorded: the engines count them
+    assert writer_counts(meta) is None
 
 
 def test_read_ledger_is_the_same_before_and_after_compaction(tmp_path: Path) -> None:

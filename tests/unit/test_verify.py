@@ -130,15 +130,15 @@ def test_spark_driver_logs_errors_only_unless_verbose(tmp_path: Path, monkeypatc
     from harness.verify import spark
 
     monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
-    quiet = spark._java_options(verbose=False)
+    quiet = spark.session._java_options(verbose=False)
     config = spark.quiet_log_config()
     assert f"-Dlog4j2.configurationFile={config.as_uri()}" in quiet
     assert "rootLogger.level = error" in config.read_text()
     assert "logger.repl.level = error" in config.read_text()  # else PySpark, a "shell", announces WARN
-    assert "log4j2" not in spark._java_options(verbose=True)
+    assert "log4j2" not in spark.session._java_options(verbose=True)
     # only a driver that runs one verification skips the optimizing compiler
-    assert spark.ONE_SHOT_JVM_OPTIONS in spark._java_options(one_shot=True)
-    assert spark.ONE_SHOT_JVM_OPTIONS not in spark._java_options()
+    assert spark.ONE_SHOT_JVM_OPTIONS in spark.session._java_options(one_shot=True)
+    assert spark.ONE_SHOT_JVM_OPTIONS not in spark.session._java_options()
 
 
 def test_verify_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,6 +51,7 @@ class SparkCrossCheck:
     def __init__(self, master: str | None = None) -> None:
         self.master = master
         self._session: Any = None
+        self.where = ""  # where the Spark jobs run: "connect sc://..." or the local master
         self.checks: list[CrossCheck] = []
 
     def __enter__(self) -> SparkCrossCheck:
@@ -65,7 +66,8 @@ class SparkCrossCheck:
         # Anything else in the process that stopped the session (getOrCreate shares one) must not
         # turn every later cross-check into a harness failure: start it again.
         if not spark.session_alive(self._session):
-            self._session = spark.spark_session(self.master, driver_memory="1g")
+            # hook (issue 31): the stack's Spark Connect server when one answers, else a local JVM
+            self._session, self.where = spark.session_for(self.master, driver_memory="1g")
         return self._session
 
     def verify(self, result: RunResult) -> CrossCheck:
