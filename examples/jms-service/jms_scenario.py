@@ -51,6 +51,7 @@ def service(variant: str, **fields: object) -> Service:
         transport="activemq",
         body='{{"op": "{op}", "n": {n}, "amount": {amount}, "poison": {poison}}}',
         ready_timeout_s=60,
+        queues=("{input}.ship",),  # stage order sends here, stage ship reads it (JmsService.java)
         **fields,  # type: ignore[arg-type]
     )
 

@@ -125,6 +125,10 @@ class Service:
     # False: the service talks to the stack's Toxiproxy proxies directly, no trap relay in between
     # (no trap can fire; network faults still apply): the clean path without the traps' cost.
     relays: bool = True
+    # The queues the service sends to between its own stages ("{input}.ship"): the run creates
+    # them, and reads what is left in them and in their dead-letter queues, so an operation waiting
+    # (or dead-lettered) inside the service is ``stuck`` (``dead-lettered``), not ``lost``.
+    queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_name("service name", self.name)
@@ -165,6 +169,7 @@ class Service:
             _check_placeholders(f"service {self.name} env {key}", value, known)
         object.__setattr__(self, "env", dict(self.env))
         _check_placeholders(f"service {self.name} body", self.body, BODY_FIELDS)
+        self._check_queues()
         if self.output_op is not None and (not isinstance(self.output_op, str) or not all(self.output_op.split("."))):
             raise ConfigError(
                 f"service {self.name} output_op {self.output_op!r} is not a dotted path",
@@ -190,6 +195,31 @@ class Service:
                     hint="give the service's source folder, absolute or relative to the working directory",
                 )
             object.__setattr__(self, "source", str(path))
+
+    def _check_queues(self) -> None:
+        queues = self.queues
+        if not isinstance(queues, tuple | list) or not all(isinstance(q, str) and q for q in queues):
+            raise ConfigError(
+                f"service {self.name} queues {queues!r} is not a list of queue names",
+                hint="name each inner queue as a template on the run's input, e.g. queues=('{input}.ship',)",
+            )
+        for queue in queues:
+            if "{input}" not in queue:
+                raise ConfigError(
+                    f"service {self.name} queue {queue!r} does not name {{input}}",
+                    hint="derive it from the run's input (queues=('{input}.ship',)): each run has its own queues",
+                )
+            _check_placeholders(f"service {self.name} queue", queue, ("input",))
+        if self.transport != "activemq" and queues:
+            raise ConfigError(
+                f"service {self.name} declares queues {list(queues)!r} on transport {self.transport!r}",
+                hint="inner queues are ActiveMQ queues: use transport='activemq', or drop queues=",
+            )
+        object.__setattr__(self, "queues", tuple(queues))
+
+    def inner_queues(self, input_queue: str) -> list[str]:
+        """Return the inner queues of the run whose input is ``input_queue``."""
+        return [q.format(input=input_queue) for q in self.queues]
 
     @property
     def source_dir(self) -> Path | None:

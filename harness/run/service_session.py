@@ -306,6 +306,11 @@ class ActiveMQServiceSession(ServiceSession, StageRunSession):
 
     flow = "service_activemq"
 
+    def _setup(self) -> None:
+        super()._setup()
+        # The service's inner queues are read like stage queues: residue, and their dead letters.
+        self.stage_queues.extend(self.service.inner_queues(self.input_queue))
+
 
 class KafkaServiceSession(ServiceSession, KafkaRunSession):
     """A service in a Kafka consumer group: the ``service_kafka`` flow."""

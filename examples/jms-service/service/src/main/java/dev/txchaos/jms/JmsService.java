@@ -133,6 +133,8 @@ public final class JmsService {
             throw new IllegalArgumentException("no op in " + body);
         }
         String id = op.group(1);
+        // Which delivery this is, as the broker counts it: what the redelivery policy is held to.
+        System.out.println(stage.name() + " op " + id + " delivery " + message.getIntProperty("JMSXDeliveryCount"));
         if (POISON.matcher(body).find()) {
             throw new IllegalStateException("poison message " + id + " (delivery " + message.getIntProperty("JMSXDeliveryCount") + ")");
         }
