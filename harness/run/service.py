@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -129,6 +130,10 @@ class Service:
     # them, and reads what is left in them and in their dead-letter queues, so an operation waiting
     # (or dead-lettered) inside the service is ``stuck`` (``dead-lettered``), not ``lost``.
     queues: tuple[str, ...] = ()
+    # The programs the service's build and run need on PATH, each with how to install it
+    # ({"javac": "a JDK 17 (apt-get install openjdk-17-jdk-headless)"}): checked before a run builds
+    # or starts anything, cached build or not.
+    tools: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name("service name", self.name)
@@ -170,6 +175,14 @@ class Service:
         object.__setattr__(self, "env", dict(self.env))
         _check_placeholders(f"service {self.name} body", self.body, BODY_FIELDS)
         self._check_queues()
+        if not isinstance(self.tools, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.tools.items()
+        ):
+            raise ConfigError(
+                f"service {self.name} tools {self.tools!r} is not a mapping of program to how to install it",
+                hint="tools={'mvn': 'Maven (apt-get install maven)'}",
+            )
+        object.__setattr__(self, "tools", dict(self.tools))
         if self.output_op is not None and (not isinstance(self.output_op, str) or not all(self.output_op.split("."))):
             raise ConfigError(
                 f"service {self.name} output_op {self.output_op!r} is not a dotted path",
@@ -216,6 +229,15 @@ class Service:
                 hint="inner queues are ActiveMQ queues: use transport='activemq', or drop queues=",
             )
         object.__setattr__(self, "queues", tuple(queues))
+
+    def check_tools(self) -> None:
+        """Refuse to run when a program in ``tools`` is not on PATH, naming it and how to install it."""
+        for tool, how in self.tools.items():
+            if shutil.which(tool) is None:
+                raise ConfigError(
+                    f"service {self.name} needs {tool}, which is not on PATH: install {how}",
+                    hint=f"install {how}, then run again (PATH={os.environ.get('PATH', '')})",
+                )
 
     def inner_queues(self, input_queue: str) -> list[str]:
         """Return the inner queues of the run whose input is ``input_queue``."""
