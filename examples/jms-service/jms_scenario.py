@@ -46,7 +46,9 @@ def service(variant: str, **fields: object) -> Service:
         source=HERE / "service",  # its files key the build cache: this scenario is not among them
         env={
             "OPENWIRE_URL": "{openwire_url}",
-            "DATABASE_URL": "{postgres_url}",
+            "JDBC_URL": "jdbc:postgresql://{postgres_host}:{postgres_port}/{db_name}",
+            "DB_USER": "{db_user}",
+            "DB_PASSWORD": "{db_password}",
             "INPUT": "{input}",
             "OUTPUT": "{output}",
             "MAX_REDELIVERIES": str(MAX_REDELIVERIES),

@@ -42,7 +42,9 @@ def service(variant: str, **fields: object) -> Service:
             "INSTANCE_ID": "orders-{instance}",  # static membership: a restart takes its partitions back at once
             "INPUT": "{input}",
             "OUTPUT": "{output}",
-            "DATABASE_URL": "{postgres_url}",
+            "JDBC_URL": "jdbc:postgresql://{postgres_host}:{postgres_port}/{db_name}",
+            "DB_USER": "{db_user}",
+            "DB_PASSWORD": "{db_password}",
         },
         transport="kafka",
         body='{{"op": "{op}", "n": {n}, "amount": {amount}, "poison": {poison}}}',

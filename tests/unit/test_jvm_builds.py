@@ -85,3 +85,15 @@ def test_a_missing_tool_stops_a_run_before_it_builds_or_starts_anything(
     assert line.startswith(f"service {spec.service.name} needs {missing}, which is not on PATH: install {install}")
     assert hint.startswith(f"Hint: install {install}")
     assert not (tmp_path / "runs").exists()  # no run folder, no instance
+
+
+def test_the_jvm_examples_share_one_build_script_that_keys_their_caches() -> None:
+    # A link, not a copy: one script to mend, and its content is in each service's source hash.
+    from harness.run.service import source_files
+
+    shared = (ROOT / "examples" / "jvm" / "build.sh").resolve()
+    for source in BUILDS:
+        link = source / "build.sh"
+        assert link.is_symlink()
+        assert link.resolve() == shared
+        assert link in source_files(source)
