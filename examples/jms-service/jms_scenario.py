@@ -30,6 +30,9 @@ from harness import Crash, ScenarioSpec, Schema, Service
 HERE = Path(__file__).resolve().parent
 MAX_REDELIVERIES = 2
 # A JVM's start is most of a service's start: no JIT tiers past C1, a small heap, the CDS archive.
+# What the build (build.sh) and the run need: checked before anything is built or started.
+JDK = "a JDK 17 (apt-get install openjdk-17-jdk-headless)"
+TOOLS = {"java": JDK, "javac": JDK, "mvn": "Maven (apt-get install maven)"}
 JVM = ("java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto", "-Xmx128m", "-Xss512k")
 EFFECT_TABLES = {"naive": "jms_effects", "check": "jms_effects", "naive-unique": "jms_effects_unique"}
 
@@ -43,7 +46,9 @@ def service(variant: str, **fields: object) -> Service:
         source=HERE / "service",  # its files key the build cache: this scenario is not among them
         env={
             "OPENWIRE_URL": "{openwire_url}",
-            "DATABASE_URL": "{postgres_url}",
+            "JDBC_URL": "jdbc:postgresql://{postgres_host}:{postgres_port}/{db_name}",
+            "DB_USER": "{db_user}",
+            "DB_PASSWORD": "{db_password}",
             "INPUT": "{input}",
             "OUTPUT": "{output}",
             "MAX_REDELIVERIES": str(MAX_REDELIVERIES),
@@ -51,6 +56,8 @@ def service(variant: str, **fields: object) -> Service:
         transport="activemq",
         body='{{"op": "{op}", "n": {n}, "amount": {amount}, "poison": {poison}}}',
         ready_timeout_s=60,
+        queues=("{input}.ship",),  # stage order sends here, stage ship reads it (JmsService.java)
+        tools=TOOLS,
         **fields,  # type: ignore[arg-type]
     )
 

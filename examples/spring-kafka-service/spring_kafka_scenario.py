@@ -23,6 +23,9 @@ from pathlib import Path
 from harness import Crash, ScenarioSpec, Schema, Service
 
 HERE = Path(__file__).resolve().parent
+# What the build (build.sh) and the run need: checked before anything is built or started.
+JDK = "a JDK 17 (apt-get install openjdk-17-jdk-headless)"
+TOOLS = {"java": JDK, "javac": JDK, "mvn": "Maven (apt-get install maven)"}
 JVM = ("java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto", "-Xmx128m", "-Xss512k")
 
 
@@ -39,11 +42,14 @@ def service(variant: str, **fields: object) -> Service:
             "INSTANCE_ID": "orders-{instance}",  # static membership: a restart takes its partitions back at once
             "INPUT": "{input}",
             "OUTPUT": "{output}",
-            "DATABASE_URL": "{postgres_url}",
+            "JDBC_URL": "jdbc:postgresql://{postgres_host}:{postgres_port}/{db_name}",
+            "DB_USER": "{db_user}",
+            "DB_PASSWORD": "{db_password}",
         },
         transport="kafka",
         body='{{"op": "{op}", "n": {n}, "amount": {amount}, "poison": {poison}}}',
         ready_timeout_s=60,
+        tools=TOOLS,
         **fields,  # type: ignore[arg-type]
     )
 

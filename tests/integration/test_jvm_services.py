@@ -104,13 +104,56 @@ def test_a_poison_order_is_dead_lettered_after_the_configured_redeliveries(
     assert attempts == 1 + JMS.MAX_REDELIVERIES, f"{attempts} deliveries of {op}"
 
 
+def deliveries(result: RunResult, stage: str, op: str) -> list[int]:
+    """Return the JMSXDeliveryCount of each delivery of ``op`` the naive ``stage``'s listener saw."""
+    log = (result.run_dir / "logs" / "jms-naive-0.log").read_text()
+    prefix = f"{stage} op {op} delivery "
+    return [int(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
+
+
+def test_an_order_dead_lettered_from_the_inner_queue_is_found_there(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    # Two kills of the ship stage (the 2nd and 3rd Postgres commits: order, then ship twice) make
+    # the client dead-letter the order from the inner queue: each kill counts two deliveries
+    # (1, 3, then 5 is past 1 + MAX_REDELIVERIES). Read only at the input, this was `lost`.
+    crashes = (Crash("pg_before_commit", nth=2), Crash("pg_before_commit", nth=3))
+    spec = JMS.scenario("naive", messages=1, crashes=crashes, timeout_s=60)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    op = "naive-s0-op00000"
+    assert [point for point, _ in firings(result)] == ["pg_before_commit", "pg_before_commit"]
+    assert result.verdict.found() == {"dead-lettered-with-effect": 1}, result.verdict.headline()
+    assert result.verdict.ops("dead-lettered-with-effect") == {op}
+    table = read_ledger(result.run_dir / "ledger").to_pylist()
+    (input_queue,) = {e["dest"] for e in table if e["kind"] == Kind.SUBMIT.value}
+    assert [e["dest"] for e in table if e["kind"] == Kind.DEAD_LETTER.value] == [f"DLQ.{input_queue}.ship"]
+    assert deliveries(result, "ship", op) == [1, 3]
+
+
+def test_a_lost_openwire_connection_counts_two_deliveries_of_the_message_it_held(
+    txchaos_stack: Endpoints, tmp_path: Path
+) -> None:
+    # The early dead letter docs/patterns.md explains: the connection dropped at op 0's commit
+    # Response holds op 1, dispatched but not yet handed to the listener; op 1 comes back as
+    # delivery 3, one dropped Postgres COMMIT makes it 4, past 1 + MAX_REDELIVERIES.
+    crashes = (
+        Crash("openwire_after_commit", op_index=0, action="drop"),
+        Crash("pg_before_commit", op_index=1, action="drop"),
+    )
+    spec = JMS.scenario("naive", messages=2, crashes=crashes, timeout_s=60)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    op = "naive-s0-op00001"
+    assert result.verdict.found() == {"dead-lettered": 1}, result.verdict.headline()
+    assert result.verdict.ops("dead-lettered") == {op}
+    assert deliveries(result, "order", op) == [3]
+
+
 def test_the_service_state_machine_finds_the_naive_stage(txchaos_stack: Endpoints) -> None:
     # Kills only: with drops too the search may first find a transient-failure dead letter (see
     # docs/patterns.md, "JVM services"), a true finding but not the one this test is about.
     spec = JMS.scenario("naive", messages=1, timeout_s=20)
     # The two points whose kill re-delivers a message whose effect is committed: the window this
-    # test is about. A search over every point once found `lost` after openwire_after_commit kills,
-    # not yet explained (the stage's inner queue is not read by the harness; issue 29's note).
+    # test is about. Over every point, kills alone can dead-letter an order (each kill counts two
+    # deliveries: test_an_order_dead_lettered_from_the_inner_queue_is_found_there), a true
+    # finding but not this one.
     machine = service_machine(
         spec, txchaos_stack, trap_actions=("kill",), trap_points=("pg_after_commit", "openwire_before_commit")
     )

@@ -40,6 +40,10 @@ def scenario(service: Service, **kw: object) -> ScenarioSpec:
         ({"build": ("make",)}, "has a build but no source", "source="),
         ({"source": "/no/such/folder"}, "is not a folder", "source folder"),
         ({"image": "Orders Service"}, "is not an image reference", "docker build -t"),
+        ({"queues": "{input}.ship"}, "is not a list of queue names", "queues=('{input}.ship',)"),
+        ({"queues": ("orders.ship",)}, "does not name {input}", "each run has its own queues"),
+        ({"queues": ("{input}.{group}",)}, "unknown placeholder {group}", "{input}"),
+        ({"queues": ("{input}.ship",), "transport": "kafka"}, "on transport 'kafka'", "transport='activemq'"),
     ],
 )
 def test_a_bad_service_value_is_refused_naming_it_and_the_fix(kw: dict[str, object], named: str, fix: str) -> None:
@@ -137,6 +141,17 @@ def test_a_build_runs_once_per_version_of_the_source(tmp_path: Path, monkeypatch
     assert build_dir(service) != first
     assert ensure_built(service) != first
     assert count.read_text() == "x\nx\n"
+
+
+def test_a_service_run_reads_the_inner_queues_it_declares(tmp_path: Path) -> None:
+    # Their residue and dead letters are the run's evidence: an operation waiting (or dead-lettered)
+    # between the service's own stages is stuck (dead-lettered), not lost.
+    spec = scenario(svc(queues=["{input}.ship", "{input}.pack"]))
+    assert spec.service is not None
+    assert spec.service.queues == ("{input}.ship", "{input}.pack")
+    run = RunSession(spec, fake_endpoints(), runs_root=tmp_path)
+    first = run.stage_queues[0]  # type: ignore[attr-defined]
+    assert run.stage_queues == [first, f"{first}.ship", f"{first}.pack"]  # type: ignore[attr-defined]
 
 
 def test_an_output_names_its_operation_where_the_service_says() -> None:

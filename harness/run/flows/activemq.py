@@ -48,6 +48,9 @@ class StageRunSession(SinkSession[Sink]):
         self.input_dest = self.input_queue
         # The input queue of every stage: the first is fed by submit, each next by the one before.
         self.stage_queues = [self.input_queue, *(f"{self.ns}.{s.name}" for s in self.spec.chain)]
+        if self.spec.service is not None:
+            # A service's inner queues are read like stage queues: residue, and their dead letters.
+            self.stage_queues.extend(self.spec.service.inner_queues(self.input_queue))
         self.transport = ActiveMQTransport(self.endpoints.stomp, self.folder)
 
     # -- hooks ---------------------------------------------------------------------------------

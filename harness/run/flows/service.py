@@ -104,6 +104,7 @@ class ServiceInstances:
         service = spec.service
         if service is None:
             raise ConfigError(f"{spec.label} has no service", hint="build it with ScenarioSpec.for_service(...)")
+        service.check_tools()  # before the build and any instance: a cached build still needs its runtime
         if (
             "dtm_url" in {n for v in (*service.env.values(), *service.command) for n in _names(v)}
             and endpoints.dtm is None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,6 +126,14 @@ class Service:
     # False: the service talks to the stack's Toxiproxy proxies directly, no trap relay in between
     # (no trap can fire; network faults still apply): the clean path without the traps' cost.
     relays: bool = True
+    # The queues the service sends to between its own stages ("{input}.ship"): the run creates
+    # them, and reads what is left in them and in their dead-letter queues, so an operation waiting
+    # (or dead-lettered) inside the service is ``stuck`` (``dead-lettered``), not ``lost``.
+    queues: tuple[str, ...] = ()
+    # The programs the service's build and run need on PATH, each with how to install it
+    # ({"javac": "a JDK 17 (apt-get install openjdk-17-jdk-headless)"}): checked before a run builds
+    # or starts anything, cached build or not.
+    tools: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name("service name", self.name)
@@ -165,6 +174,15 @@ class Service:
             _check_placeholders(f"service {self.name} env {key}", value, known)
         object.__setattr__(self, "env", dict(self.env))
         _check_placeholders(f"service {self.name} body", self.body, BODY_FIELDS)
+        self._check_queues()
+        if not isinstance(self.tools, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.tools.items()
+        ):
+            raise ConfigError(
+                f"service {self.name} tools {self.tools!r} is not a mapping of program to how to install it",
+                hint="tools={'mvn': 'Maven (apt-get install maven)'}",
+            )
+        object.__setattr__(self, "tools", dict(self.tools))
         if self.output_op is not None and (not isinstance(self.output_op, str) or not all(self.output_op.split("."))):
             raise ConfigError(
                 f"service {self.name} output_op {self.output_op!r} is not a dotted path",
@@ -190,6 +208,40 @@ class Service:
                     hint="give the service's source folder, absolute or relative to the working directory",
                 )
             object.__setattr__(self, "source", str(path))
+
+    def _check_queues(self) -> None:
+        queues = self.queues
+        if not isinstance(queues, tuple | list) or not all(isinstance(q, str) and q for q in queues):
+            raise ConfigError(
+                f"service {self.name} queues {queues!r} is not a list of queue names",
+                hint="name each inner queue as a template on the run's input, e.g. queues=('{input}.ship',)",
+            )
+        for queue in queues:
+            if "{input}" not in queue:
+                raise ConfigError(
+                    f"service {self.name} queue {queue!r} does not name {{input}}",
+                    hint="derive it from the run's input (queues=('{input}.ship',)): each run has its own queues",
+                )
+            _check_placeholders(f"service {self.name} queue", queue, ("input",))
+        if self.transport != "activemq" and queues:
+            raise ConfigError(
+                f"service {self.name} declares queues {list(queues)!r} on transport {self.transport!r}",
+                hint="inner queues are ActiveMQ queues: use transport='activemq', or drop queues=",
+            )
+        object.__setattr__(self, "queues", tuple(queues))
+
+    def check_tools(self) -> None:
+        """Refuse to run when a program in ``tools`` is not on PATH, naming it and how to install it."""
+        for tool, how in self.tools.items():
+            if shutil.which(tool) is None:
+                raise ConfigError(
+                    f"service {self.name} needs {tool}, which is not on PATH: install {how}",
+                    hint=f"install {how}, then run again (PATH={os.environ.get('PATH', '')})",
+                )
+
+    def inner_queues(self, input_queue: str) -> list[str]:
+        """Return the inner queues of the run whose input is ``input_queue``."""
+        return [q.format(input=input_queue) for q in self.queues]
 
     @property
     def source_dir(self) -> Path | None:

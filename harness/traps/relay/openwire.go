@@ -314,26 +314,10 @@ func (r *owReader) nested() (string, error) {
 		v, err := r.long()
 		return fmt.Sprintf("s:%s:%d", conn, v), err
 	case 122: // ConsumerId: connection id, session id, value
-		conn, err := r.str()
-		if err != nil {
-			return "", err
-		}
-		session, err := r.long()
-		if err != nil {
-			return "", err
-		}
-		v, err := r.long()
+		conn, session, v, err := r.strLongs()
 		return fmt.Sprintf("k:%s:%d:%d", conn, session, v), err
 	case 123: // ProducerId: connection id, value, session id
-		conn, err := r.str()
-		if err != nil {
-			return "", err
-		}
-		v, err := r.long()
-		if err != nil {
-			return "", err
-		}
-		session, err := r.long()
+		conn, v, session, err := r.strLongs()
 		return fmt.Sprintf("p:%s:%d:%d", conn, session, v), err
 	}
 	return "", fmt.Errorf("openwire: no reader for data structure %d", kind)
@@ -360,6 +344,31 @@ func (r *owReader) cached() (string, error) {
 		r.seen[index] = key
 	}
 	return key, err
+}
+
+// strLongs reads a string and two longs: the fields of a ConsumerId and of a ProducerId.
+func (r *owReader) strLongs() (string, int64, int64, error) {
+	text, err := r.str()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	first, err := r.long()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	second, err := r.long()
+	return text, first, second, err
+}
+
+// cachedAfter reads skip cached fields, then returns the next one. A field the reader does not
+// need is still read: its structure may be a new cache entry that a later command names by index.
+func (r *owReader) cachedAfter(skip int) (string, error) {
+	for i := 0; i < skip; i++ {
+		if _, err := r.cached(); err != nil {
+			return "", err
+		}
+	}
+	return r.cached()
 }
 
 // dispatched reads, after a MessageDispatch's consumer id, the id of the message it carries
@@ -390,10 +399,8 @@ func (r *owReader) dispatched() (string, error) {
 	if _, err := r.boolean(); err != nil { // responseRequired
 		return "", err
 	}
-	for i := 0; i < 4; i++ { // producer, destination, transaction, original destination
-		if _, err := r.cached(); err != nil {
-			return "", err
-		}
+	if _, err := r.cachedAfter(3); err != nil { // producer, destination, transaction, original destination
+		return "", err
 	}
 	return r.nested()
 }
@@ -504,22 +511,13 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 			return Hit{}, false, err
 		}
 	case side == 0 && kind >= owFirstMessage && kind <= owLastMessage:
-		if _, err := r.cached(); err != nil { // producer
-			return Hit{}, false, err
-		}
-		if _, err := r.cached(); err != nil { // destination
-			return Hit{}, false, err
-		}
-		tx, err := r.cached()
+		tx, err := r.cachedAfter(2) // producer, destination, then the transaction
 		if err != nil || tx == "" {
 			return Hit{}, false, err
 		}
 		s.txn(tx).add(s.find(c.body)...)
 	case side == 0 && kind == owMessageAck:
-		if _, err := r.cached(); err != nil { // destination
-			return Hit{}, false, err
-		}
-		tx, err := r.cached()
+		tx, err := r.cachedAfter(1) // destination, then the transaction
 		if err != nil {
 			return Hit{}, false, err
 		}
@@ -545,10 +543,7 @@ func (s *owSession) decode(side int, kind byte, r *owReader, c owCommand) (Hit, 
 		}
 		return Hit{"openwire_before_ack", c.offset, ops}, true, nil
 	case side == 0 && kind == owTransactionInfo:
-		if _, err := r.cached(); err != nil { // connection
-			return Hit{}, false, err
-		}
-		tx, err := r.cached()
+		tx, err := r.cachedAfter(1) // connection, then the transaction
 		if err != nil {
 			return Hit{}, false, err
 		}

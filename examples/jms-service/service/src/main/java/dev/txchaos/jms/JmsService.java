@@ -6,8 +6,6 @@ import jakarta.jms.Message;
 import jakarta.jms.MessageProducer;
 import jakarta.jms.Session;
 import jakarta.jms.TextMessage;
-import java.net.URI;
-import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
@@ -37,7 +35,7 @@ import org.springframework.transaction.support.TransactionTemplate;
  * {@code "poison": true} fails on every delivery: the client's RedeliveryPolicy
  * (MAX_REDELIVERIES) then has the broker dead-letter it (DLQ.&lt;queue&gt;).
  *
- * <p>Configuration (environment): OPENWIRE_URL, DATABASE_URL (postgresql://user:pw@host:port/db),
+ * <p>Configuration (environment): OPENWIRE_URL, JDBC_URL, DB_USER, DB_PASSWORD,
  * INPUT, OUTPUT; MAX_REDELIVERIES (default 2). Prints READY once both stages consume.
  */
 public final class JmsService {
@@ -61,7 +59,7 @@ public final class JmsService {
             fail("--variant " + variant + ": use naive, check or naive-unique");
         }
         Map<String, String> env = System.getenv();
-        for (String key : List.of("OPENWIRE_URL", "DATABASE_URL", "INPUT", "OUTPUT")) {
+        for (String key : List.of("OPENWIRE_URL", "JDBC_URL", "DB_USER", "INPUT", "OUTPUT")) {
             if (env.getOrDefault(key, "").isEmpty()) {
                 fail(key + " is not set");
             }
@@ -75,7 +73,9 @@ public final class JmsService {
         policy.setRedeliveryDelay(100);
         cf.getPrefetchPolicy().setQueuePrefetch(1);
 
-        SimpleDriverDataSource ds = dataSource(env.get("DATABASE_URL"));
+        // The harness fills in the JDBC URL and the credentials: no libpq URI to translate here.
+        SimpleDriverDataSource ds = new SimpleDriverDataSource(
+                new Driver(), env.get("JDBC_URL"), env.get("DB_USER"), env.getOrDefault("DB_PASSWORD", ""));
         TransactionTemplate tx = new TransactionTemplate(new DataSourceTransactionManager(ds));
         JdbcTemplate jdbc = new JdbcTemplate(ds);
 
@@ -133,6 +133,8 @@ public final class JmsService {
             throw new IllegalArgumentException("no op in " + body);
         }
         String id = op.group(1);
+        // Which delivery this is, as the broker counts it: what the redelivery policy is held to.
+        System.out.println(stage.name() + " op " + id + " delivery " + message.getIntProperty("JMSXDeliveryCount"));
         if (POISON.matcher(body).find()) {
             throw new IllegalStateException("poison message " + id + " (delivery " + message.getIntProperty("JMSXDeliveryCount") + ")");
         }
@@ -171,17 +173,6 @@ public final class JmsService {
             return new String(data, StandardCharsets.UTF_8);
         }
         throw new IllegalArgumentException("unexpected message type " + message.getClass().getName());
-    }
-
-    static SimpleDriverDataSource dataSource(String url) {
-        URI uri = URI.create(url);
-        String[] auth = uri.getRawUserInfo().split(":", 2);
-        String jdbcUrl = "jdbc:postgresql://" + uri.getHost() + ":" + uri.getPort() + uri.getPath();
-        return new SimpleDriverDataSource(new Driver(), jdbcUrl, decode(auth[0]), decode(auth[1]));
-    }
-
-    static String decode(String s) {
-        return URLDecoder.decode(s, StandardCharsets.UTF_8);
     }
 
     static void fail(String why) {

@@ -1,8 +1,5 @@
 package dev.txchaos.kafka;
 
-import java.net.URI;
-import java.net.URLDecoder;
-import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CountDownLatch;
@@ -46,8 +43,8 @@ import org.springframework.transaction.support.TransactionTemplate;
  * throws {@code BatchListenerFailedException} with the failed record's index, so only that record
  * is retried and dead-lettered. A record whose body says {@code "poison": true} fails every time.
  *
- * <p>Configuration (environment): KAFKA_BOOTSTRAP, GROUP, INPUT, OUTPUT, DATABASE_URL, and
- * optionally INSTANCE_ID (static membership). Prints READY once partitions are assigned.
+ * <p>Configuration (environment): KAFKA_BOOTSTRAP, GROUP, INPUT, OUTPUT, JDBC_URL, DB_USER,
+ * DB_PASSWORD, and optionally INSTANCE_ID (static membership). Prints READY once partitions are assigned.
  */
 public final class KafkaService {
     private static final Pattern OP = Pattern.compile("\"op\"\\s*:\\s*\"([^\"]+)\"");
@@ -67,7 +64,7 @@ public final class KafkaService {
             fail("--variant " + variant + ": use naive or indexed");
         }
         Map<String, String> env = System.getenv();
-        for (String key : List.of("KAFKA_BOOTSTRAP", "GROUP", "INPUT", "OUTPUT", "DATABASE_URL")) {
+        for (String key : List.of("KAFKA_BOOTSTRAP", "GROUP", "INPUT", "OUTPUT", "JDBC_URL", "DB_USER")) {
             if (env.getOrDefault(key, "").isEmpty()) {
                 fail(key + " is not set");
             }
@@ -93,7 +90,9 @@ public final class KafkaService {
                 ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class,
                 ProducerConfig.ACKS_CONFIG, "all")));
 
-        SimpleDriverDataSource ds = dataSource(env.get("DATABASE_URL"));
+        // The harness fills in the JDBC URL and the credentials: no libpq URI to translate here.
+        SimpleDriverDataSource ds = new SimpleDriverDataSource(
+                new Driver(), env.get("JDBC_URL"), env.get("DB_USER"), env.getOrDefault("DB_PASSWORD", ""));
         TransactionTemplate tx = new TransactionTemplate(new DataSourceTransactionManager(ds));
         JdbcTemplate jdbc = new JdbcTemplate(ds);
         boolean indexed = variant.equals("indexed");
@@ -171,17 +170,6 @@ public final class KafkaService {
         }
         System.out.println("op " + id + " " + record.topic() + "-" + record.partition() + "@" + record.offset()
                 + (applied ? " applied" : " seen before, skipped"));
-    }
-
-    static SimpleDriverDataSource dataSource(String url) {
-        URI uri = URI.create(url);
-        String[] auth = uri.getRawUserInfo().split(":", 2);
-        String jdbcUrl = "jdbc:postgresql://" + uri.getHost() + ":" + uri.getPort() + uri.getPath();
-        return new SimpleDriverDataSource(new Driver(), jdbcUrl, decode(auth[0]), decode(auth[1]));
-    }
-
-    static String decode(String s) {
-        return URLDecoder.decode(s, StandardCharsets.UTF_8);
     }
 
     static void fail(String why) {
