@@ -33,7 +33,7 @@ from typing import IO
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root
 from harness.stack import docker_images, go_builds
-from harness.stack.docker import compose_v2, docker_available
+from harness.stack.docker_project import compose_v2, docker_available
 
 COMPOSE_MODULE = "github.com/docker/compose/v2"
 COMPOSE_VERSION = "v2.40.3"

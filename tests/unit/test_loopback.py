@@ -8,7 +8,7 @@ import pytest
 
 from harness.stack import go_builds
 from harness.stack.install_shell import BootstrapError
-from harness.stack.local import PG_HBA
+from harness.stack.local_recipes import PG_HBA
 
 
 def _svr_go() -> Path:
