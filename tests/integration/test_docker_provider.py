@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness.cli import FLAGSHIP_SCENARIOS
+from harness.cli.suite import FLAGSHIP_SCENARIOS
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
