@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.errors import ConfigError
+from harness.protocols import PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Endpoints:
     @classmethod
     def from_json(cls, text: str) -> Endpoints:
         raw = json.loads(text)
-        for key in ("postgres", "stomp", "kafka", "dtm", "openwire"):
+        for key in (p.endpoint for p in PROTOCOLS):
             if raw.get(key) is not None:
                 raw[key] = Endpoint(**raw[key])
         return cls(**raw)
@@ -96,6 +97,11 @@ class Endpoints:
     @classmethod
     def load(cls, path: Path) -> Endpoints:
         return cls.from_json(path.read_text())
+
+    def proxied(self) -> dict[str, Endpoint]:
+        """Return each protocol's proxy (by protocol name, ``harness.protocols``) that this stack has."""
+        found = {p.name: getattr(self, p.endpoint) for p in PROTOCOLS}
+        return {name: ep for name, ep in found.items() if isinstance(ep, Endpoint)}
 
     def service_logs(self) -> dict[str, Path]:
         """Return each service's log file (empty for providers that keep logs elsewhere)."""

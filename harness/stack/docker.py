@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.errors import ConfigError, StackError
 from harness.paths import stacks_root
+from harness.protocols import PROTOCOLS
 from harness.stack import topology as topo
 from harness.stack.base import Endpoint, Endpoints
 from harness.stack.docker_images import IMAGES
@@ -50,18 +51,14 @@ INSTALL_HINT = "`txchaos install --docker` sets up the engine, Compose v2 and th
 def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_PASSWORD) -> Endpoints:
     """Return the addresses clients use: the Toxiproxy side of each route, on loopback."""
 
-    def ep(service: str, route: topo.ProxyRoute | None = None) -> Endpoint:
-        route = route or topo.proxy_for(service)
+    def ep(route: topo.ProxyRoute) -> Endpoint:
         return Endpoint(PUBLISHED_HOST, route.listen_port, route.name, PUBLISHED_HOST, route.port)
 
+    proxied: dict[str, Any] = {p.endpoint: ep(topo.proxy_named(p.proxy)) for p in PROTOCOLS}
     return Endpoints(
         provider="docker",
         stack_id=project,
-        postgres=ep("postgres"),
-        stomp=ep("activemq"),
-        kafka=ep("kafka"),
-        dtm=ep("dtm"),
-        openwire=ep("activemq", topo.proxy_named("activemq_openwire")),
+        **proxied,
         toxiproxy_api=f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}",
         db_user=topo.DB_USER,
         db_password=db_password,

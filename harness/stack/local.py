@@ -20,9 +20,11 @@ import secrets
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.errors import ConfigError
 from harness.paths import stacks_root
+from harness.protocols import PROTOCOLS
 from harness.stack import bootstrap, topology
 from harness.stack.base import Endpoint, Endpoints
 from harness.stack.local_recipes import FIXTURES, Ports, Recipes, pg_data_dir
@@ -156,14 +158,12 @@ class LocalProvider:
         def ep(proxy: str, port: int) -> Endpoint:
             return Endpoint("127.0.0.1", p.proxy[proxy], proxy, "127.0.0.1", port)
 
+        # Ports names each server's port after the protocol's Endpoints field.
+        proxied: dict[str, Any] = {pr.endpoint: ep(pr.proxy, getattr(p, pr.endpoint)) for pr in PROTOCOLS}
         return Endpoints(
             provider=self.name,
             stack_id=self.stack_id,
-            postgres=ep("postgres", p.postgres),
-            stomp=ep("activemq_stomp", p.stomp),
-            kafka=ep("kafka", p.kafka),
-            dtm=ep("dtm", p.dtm),
-            openwire=ep("activemq_openwire", p.openwire),
+            **proxied,
             toxiproxy_api=f"http://127.0.0.1:{p.toxiproxy_api}",
             db_user=topology.DB_USER,
             db_password=self.db_password,

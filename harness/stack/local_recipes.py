@@ -24,6 +24,7 @@ from urllib.parse import quote
 from harness import resources
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root
+from harness.protocols import PROTOCOLS
 from harness.stack import bootstrap, dtm, topology
 from harness.stack.procs import account, free_ports
 
@@ -47,8 +48,8 @@ class Ports:
 
     @classmethod
     def pick(cls) -> Ports:
-        p = free_ports(14)
-        proxies = {"postgres": p[9], "activemq_stomp": p[10], "kafka": p[11], "dtm": p[12], "activemq_openwire": p[13]}
+        p = free_ports(9 + len(PROTOCOLS))
+        proxies = dict(zip((pr.proxy for pr in PROTOCOLS), p[9:], strict=True))
         return cls(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], proxies)
 
 

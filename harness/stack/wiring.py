@@ -63,6 +63,5 @@ def create_proxies(ep: Endpoints) -> None:
     from harness.clients.toxiproxy import ToxiproxyAdmin
 
     admin = ToxiproxyAdmin(ep.toxiproxy_api)
-    for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm, ep.openwire):
-        assert e is not None
+    for e in ep.proxied().values():
         admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
