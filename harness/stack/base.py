@@ -55,22 +55,21 @@ class Endpoints:
     @property
     def dtm_url(self) -> str:
         """The DTM server URL through its proxy, as a DTM SDK takes it (``.../api/dtmsvr``)."""
-        if self.dtm is None:
-            raise ConfigError(
-                f"stack {self.stack_id} has no DTM server (its endpoints.json predates it)",
-                hint="stop it with `txchaos down` and start a new one with `txchaos up`",
-            )
-        return f"http://{self.dtm.host}:{self.dtm.port}/api/dtmsvr"
+        return f"http://{self._since(self.dtm, 'DTM server').address}/api/dtmsvr"
 
     @property
     def openwire_url(self) -> str:
         """ActiveMQ's OpenWire URL through its proxy, as ``ActiveMQConnectionFactory`` takes it."""
-        if self.openwire is None:
+        return f"tcp://{self._since(self.openwire, 'OpenWire connector').address}"
+
+    def _since(self, endpoint: Endpoint | None, what: str) -> Endpoint:
+        """Return ``endpoint``, which an endpoints.json written before ``what`` joined the stack lacks."""
+        if endpoint is None:
             raise ConfigError(
-                f"stack {self.stack_id} has no OpenWire connector (its endpoints.json predates it)",
+                f"stack {self.stack_id} has no {what} (its endpoints.json predates it)",
                 hint="stop it with `txchaos down` and start a new one with `txchaos up`",
             )
-        return f"tcp://{self.openwire.host}:{self.openwire.port}"
+        return endpoint
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
