@@ -22,7 +22,6 @@ from harness.paths import cache_root
 from harness.stack.install_shell import INSTALL, BootstrapError, say
 
 MANIFEST_VERSION = 1
-# Java "Transport scheme NOT recognized" in a broker log. The manifest names the damaged file.
 
 # What a stack start needs (Allure only makes reports: `txchaos install` checks it, a start does not).
 REQUIRED = ("activemq jars", "kafka jars", "toxiproxy", "dtm")

@@ -35,6 +35,11 @@ SERVICES = ("toxiproxy", "postgres", "activemq", "kafka", "dtm")
 
 @dataclass
 class Ports:
+    """A stack's free loopback ports: each server's, and each proxy's by its name (``proxy``).
+
+    A proxied server's field is named as its protocol's ``Endpoints`` field (``harness.protocols``).
+    """
+
     postgres: int
     stomp: int
     kafka: int
