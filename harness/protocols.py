@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PROTOCOLS", "TRAPPED", "Protocol", "TrapPoint", "by_name"]
+__all__ = ["PROTOCOLS", "TRAPPED", "Protocol", "TrapPoint", "by_name", "proxies"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +111,12 @@ def by_name(name: str) -> Protocol:
         if protocol.name == name:
             return protocol
     raise KeyError(f"{name!r} is not one of {', '.join(p.name for p in PROTOCOLS)}")
+
+
+def proxies(*names: str) -> tuple[str, ...]:
+    """Return the Toxiproxy proxies of the protocols ``names``, in that order.
+
+    >>> proxies("stomp", "postgres")
+    ('activemq_stomp', 'postgres')
+    """
+    return tuple(by_name(name).proxy for name in names)
