@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -124,6 +125,30 @@ def duplicated_values(eng: Engine, table: str, column: str) -> list[str]:
     sql = f'SELECT "{column}" FROM "{table}" GROUP BY 1 HAVING count(*) > 1 ORDER BY 1'
     with eng.connect() as conn:
         return [str(r[0]) for r in conn.execute(sa.text(sql))]
+
+
+def insert_once(conn: Connection, table: str, row: Mapping[str, object]) -> bool:
+    """Insert ``row`` into ``table`` unless a row with its ``op_id`` is there; return whether it did.
+
+    The patterns' idempotence key: a redelivery of an operation finds the first delivery's row.
+    """
+    columns = ", ".join(row)
+    values = ", ".join(f":{c}" for c in row)
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT (op_id) DO NOTHING"
+    return conn.execute(sa.text(sql), dict(row)).rowcount == 1
+
+
+def count_attempt(conn: Connection, table: str, column: str, op: str) -> int:
+    """Add one to ``table.column`` for ``op`` (a first attempt makes the row, at 1); return the count.
+
+    On a connection outside the handler's transaction (``ctx.side``) the count survives the
+    handler's rollback: it is how a handler knows which attempt at an operation this is.
+    """
+    sql = (
+        f"INSERT INTO {table} (op_id, {column}) VALUES (:op, 1) "
+        f"ON CONFLICT (op_id) DO UPDATE SET {column} = {table}.{column} + 1 RETURNING {column}"
+    )
+    return int(conn.execute(sa.text(sql), {"op": op}).scalar_one())
 
 
 def ping(url: str) -> bool:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import check_name
-from harness.stack import docker
+from harness.stack import docker_project
 from harness.stack.base import Endpoints
-from harness.stack.local import readiness
 from harness.stack.local_state import ServiceRecipe, stop_tagged, tagged_pids
 from harness.stack.procs import Managed, spawn
+from harness.stack.wiring import readiness
 
 SERVICES = ("activemq", "kafka", "postgres", "dtm")
 
@@ -82,14 +82,14 @@ def _in_docker(stack: Endpoints, service: str) -> bool:
 def is_running(stack: Endpoints, service: str) -> bool:
     """Return True when a process of ``service`` is alive (it may not answer yet)."""
     if _in_docker(stack, service):
-        return docker.service_running(service, stack.stack_id)
+        return docker_project.service_running(service, stack.stack_id)
     return bool(tagged_pids(_recipe(stack, service).tag))
 
 
 def kill_service(stack: Endpoints, service: str) -> list[int]:
     """SIGKILL every process group of ``service`` (its data stays on disk); returns the pids killed."""
     if _in_docker(stack, service):
-        killed = docker.kill_service(service, stack.stack_id)
+        killed = docker_project.kill_service(service, stack.stack_id)
         if not killed:
             raise HarnessError(
                 f"{service} of stack {stack.stack_id} is not running", hint="restart it before killing it"
@@ -108,10 +108,10 @@ def kill_service(stack: Endpoints, service: str) -> list[int]:
 def restart_service(stack: Endpoints, service: str) -> float:
     """Spawn ``service`` again from its recipe; returns seconds until it answers through its proxy."""
     if _in_docker(stack, service):
-        if docker.service_running(service, stack.stack_id):
+        if docker_project.service_running(service, stack.stack_id):
             raise HarnessError(f"{service} of stack {stack.stack_id} is still running", hint="kill it first")
         began = time.monotonic()
-        docker.start_service(service, stack.stack_id)
+        docker_project.start_service(service, stack.stack_id)
         readiness(service, stack).run(None)
         return time.monotonic() - began
     recipe = _recipe(stack, service)

@@ -31,13 +31,14 @@ from hypothesis.stateful import precondition, rule
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.machines.base import MachineBase, bind, failure
 from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
+from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.flows.dtm import DtmRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Idle, Submit
 from harness.stack.base import Endpoints
 
-PROXIES = ("dtm", "postgres")
+PROXIES = proxies("dtm", "postgres")
 HOLD_S = 6.0  # a local transaction held until DTM checks it back (~1-3 s after prepare), at most this
 # Each binds to a proxy of the stack: ``TOXICS[name]().on(proxy, endpoints)``.
 TOXICS: dict[str, Callable[[], Any]] = {

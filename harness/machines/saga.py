@@ -30,6 +30,7 @@ from hypothesis.stateful import rule
 
 from harness.machines.base import NetworkMachine, bind, failure
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
+from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.flows.saga import SagaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
@@ -41,7 +42,7 @@ from harness.stack.base import Endpoints
 CRASH_POINTS = ("after_poll", "after_db_commit", "before_offset_commit")
 # The records the orchestrator handles for one saga: its start, the payment's and the seat's reply.
 ORCHESTRATOR_RECORDS = ("", ".pay", ".seat")
-PROXIES = ("kafka", "postgres")
+PROXIES = proxies("kafka", "postgres")
 FLAKY = (1, 9)  # a seat failing once (retried with backoff) or on every attempt (dead-lettered)
 
 

@@ -26,6 +26,7 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
+from harness.protocols import TRAPPED
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
 from harness.run.flows.service import ServiceInstances
@@ -35,7 +36,7 @@ from harness.stack.base import Endpoints
 
 # Points whose message names no operation: armed on the next hit instead (see docs/traps.md).
 BY_HIT = ("kafka_before_offset_commit",)
-PROXIES = {"postgres": "postgres", "stomp": "activemq_stomp", "kafka": "kafka", "openwire": "activemq_openwire"}
+PROXIES = {p.name: p.proxy for p in TRAPPED}  # a trapped protocol -> the proxy its network faults go on
 
 
 class ServiceMachine(NetworkMachine[RunSession]):

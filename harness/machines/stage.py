@@ -28,6 +28,7 @@ from hypothesis.stateful import precondition, rule
 
 from harness.faults import KillBroker
 from harness.machines.base import NetworkMachine, bind
+from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
 from harness.run.flows.kafka import KafkaRunSession
@@ -38,12 +39,12 @@ from harness.stack.base import Endpoints
 CRASH_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit")
 REDELIVERY_POINTS = ("before_db_commit", "after_db_commit")
 REDELIVERY_ACTIONS = ("abort_unsubscribe", "disconnect")
-PROXIES = ("activemq_stomp", "postgres")
+PROXIES = proxies("stomp", "postgres")
 # A Kafka stage's windows: the crash points around its DB and offset commits, and a consumer that
 # leaves the group before its offset commit (everything after the last commit comes back).
 KAFKA_CRASH_POINTS = ("after_poll", "after_db_commit", "before_offset_commit")
 KAFKA_REDELIVERY_POINTS = ("after_db_commit", "before_offset_commit")
-KAFKA_PROXIES = ("kafka", "postgres")
+KAFKA_PROXIES = proxies("kafka", "postgres")
 # What a Kafka stage's machine draws from instead of the ActiveMQ defaults.
 KAFKA_RULES: dict[str, Any] = {
     "crash_points": KAFKA_CRASH_POINTS,

@@ -196,14 +196,8 @@ def deposit_upsert(ctx: HandlerContext) -> None:
 def deposit_once(ctx: HandlerContext) -> None:
     """Credit the deposit only if this delivery booked it; a redelivery skips and re-emits."""
     amount = int(ctx.body.get("amount", 1))
-    booked = ctx.db.execute(
-        text(
-            "INSERT INTO deposits (op_id, worker, amount, credited) VALUES (:op, :w, :a, :a) "
-            "ON CONFLICT (op_id) DO NOTHING"
-        ),
-        {"op": ctx.op, "w": ctx.worker, "a": amount},
-    ).rowcount
-    if booked == 1:
+    row = {"op_id": ctx.op, "worker": ctx.worker, "amount": amount, "credited": amount}
+    if db.insert_once(ctx.db, "deposits", row):
         _credit(ctx, amount)
     else:
         ctx.record(Kind.SKIP, table="deposits", reason="deposit already credited")

@@ -43,6 +43,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from harness.clients.db import count_attempt
 from harness.ledger.schema import Kind
 from harness.patterns.saga_options import FINAL_STATES, step_op
 from harness.worker.kafka_context import KafkaContext
@@ -174,14 +175,8 @@ def _transient(ctx: KafkaContext) -> None:
     fail_times = int(ctx.body.get("fail_times", 0))
     if fail_times <= 0:
         return
-    n = ctx.side.execute(
-        text(
-            "INSERT INTO saga_attempts (op_id, n) VALUES (:op, 1) "
-            "ON CONFLICT (op_id) DO UPDATE SET n = saga_attempts.n + 1 RETURNING n"
-        ),
-        {"op": ctx.op},
-    ).scalar_one()
-    if int(n) <= fail_times:
+    n = count_attempt(ctx.side, "saga_attempts", "n", ctx.op)
+    if n <= fail_times:
         raise TransientStepError(f"{ctx.op}: seat service unavailable (attempt {n} of {fail_times} failing)")
 
 

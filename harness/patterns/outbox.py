@@ -47,14 +47,7 @@ def place_order(ctx: StageContext) -> None:
     outbox row: the message was committed with the order the first time.
     """
     amount = int(ctx.body.get("amount", 1))
-    placed = ctx.db.execute(
-        text(
-            "INSERT INTO outbox_orders (op_id, worker, amount) VALUES (:op, :w, :a) "
-            "ON CONFLICT (op_id) DO NOTHING RETURNING op_id"
-        ),
-        {"op": ctx.op, "w": ctx.worker, "a": amount},
-    ).first()
-    if placed is None:
+    if not db.insert_once(ctx.db, "outbox_orders", {"op_id": ctx.op, "worker": ctx.worker, "amount": amount}):
         ctx.record(Kind.SKIP, table="outbox_orders", reason="order already placed")
         return
     outbox_id = ctx.db.execute(

@@ -17,6 +17,7 @@ import signal
 
 from sqlalchemy import text
 
+from harness.clients.db import count_attempt
 from harness.ledger.schema import Kind
 from harness.worker.stage import StageContext
 
@@ -41,13 +42,7 @@ def crashing(ctx: StageContext) -> None:
 def attempt_counter(ctx: StageContext) -> None:
     """Count this delivery outside the transaction first; divert after ``max_attempts`` deliveries."""
     limit = int(ctx.options.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
-    attempts = ctx.side.execute(
-        text(
-            "INSERT INTO poison_attempts (op_id, attempts) VALUES (:op, 1) "
-            "ON CONFLICT (op_id) DO UPDATE SET attempts = poison_attempts.attempts + 1 RETURNING attempts"
-        ),
-        {"op": ctx.op},
-    ).scalar_one()
+    attempts = count_attempt(ctx.side, "poison_attempts", "attempts", ctx.op)
     if attempts > limit:
         ctx.dead_letter(f"poison: delivered {attempts} times, the limit is {limit}")
         return

@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from harness.clients.db import Connection
+from harness.clients.db import Connection, insert_once
 from harness.ledger.schema import Kind
 from harness.patterns import bank
 from harness.worker.stage import StageContext
@@ -65,11 +65,7 @@ def step_for(found: State | None) -> Step:
 
 def claim(side: Connection, op: str) -> tuple[Step, str | None]:
     """Claim ``op`` as CALLING unless a row exists; return the step and any known transfer id."""
-    inserted = side.execute(
-        text("INSERT INTO payment_ops (op_id, state) VALUES (:op, :s) ON CONFLICT (op_id) DO NOTHING"),
-        {"op": op, "s": State.CALLING.value},
-    ).rowcount
-    if inserted == 1:
+    if insert_once(side, "payment_ops", {"op_id": op, "state": State.CALLING.value}):
         return step_for(None), None
     state, transfer_id = side.execute(
         text("SELECT state, transfer_id FROM payment_ops WHERE op_id = :op"), {"op": op}

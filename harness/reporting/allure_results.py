@@ -97,7 +97,7 @@ def environment(*, provider: str, seeds: list[int], tools: Mapping[str, str] | N
     """Return the report's environment: what ran, on what, with which seeds."""
     from harness import __version__
     from harness.resources import fixtures_dir
-    from harness.stack.bootstrap import DTM_VERSION, TOXIPROXY_VERSION
+    from harness.stack.go_builds import DTM_VERSION, TOXIPROXY_VERSION
 
     tools = dict(tools or {})
     jars = fixtures_dir() / "jars"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.errors import ConfigError
+from harness.protocols import PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -54,22 +55,21 @@ class Endpoints:
     @property
     def dtm_url(self) -> str:
         """The DTM server URL through its proxy, as a DTM SDK takes it (``.../api/dtmsvr``)."""
-        if self.dtm is None:
-            raise ConfigError(
-                f"stack {self.stack_id} has no DTM server (its endpoints.json predates it)",
-                hint="stop it with `txchaos down` and start a new one with `txchaos up`",
-            )
-        return f"http://{self.dtm.host}:{self.dtm.port}/api/dtmsvr"
+        return f"http://{self._since(self.dtm, 'DTM server').address}/api/dtmsvr"
 
     @property
     def openwire_url(self) -> str:
         """ActiveMQ's OpenWire URL through its proxy, as ``ActiveMQConnectionFactory`` takes it."""
-        if self.openwire is None:
+        return f"tcp://{self._since(self.openwire, 'OpenWire connector').address}"
+
+    def _since(self, endpoint: Endpoint | None, what: str) -> Endpoint:
+        """Return ``endpoint``, which an endpoints.json written before ``what`` joined the stack lacks."""
+        if endpoint is None:
             raise ConfigError(
-                f"stack {self.stack_id} has no OpenWire connector (its endpoints.json predates it)",
+                f"stack {self.stack_id} has no {what} (its endpoints.json predates it)",
                 hint="stop it with `txchaos down` and start a new one with `txchaos up`",
             )
-        return f"tcp://{self.openwire.host}:{self.openwire.port}"
+        return endpoint
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -77,7 +77,7 @@ class Endpoints:
     @classmethod
     def from_json(cls, text: str) -> Endpoints:
         raw = json.loads(text)
-        for key in ("postgres", "stomp", "kafka", "dtm", "openwire"):
+        for key in (p.endpoint for p in PROTOCOLS):
             if raw.get(key) is not None:
                 raw[key] = Endpoint(**raw[key])
         return cls(**raw)
@@ -96,6 +96,11 @@ class Endpoints:
     @classmethod
     def load(cls, path: Path) -> Endpoints:
         return cls.from_json(path.read_text())
+
+    def proxied(self) -> dict[str, Endpoint]:
+        """Return each protocol's proxy (by protocol name, ``harness.protocols``) that this stack has."""
+        found = {p.name: getattr(self, p.endpoint) for p in PROTOCOLS}
+        return {name: ep for name, ep in found.items() if isinstance(ep, Endpoint)}
 
     def service_logs(self) -> dict[str, Path]:
         """Return each service's log file (empty for providers that keep logs elsewhere)."""

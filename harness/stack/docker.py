@@ -5,10 +5,9 @@ every server binds 127.0.0.1 on the fixed ports of ``topology``, the provider cr
 proxies through its API and makes the clients' non-superuser role over the Postgres Unix socket,
 as the local provider does, and waits with the same readiness probes through the proxies.
 
-Reaping: every container carries ``txchaos.stack`` and ``txchaos.owner`` (the owning pid, or
-``detached`` for ``txchaos up``). ``stop`` (a test session's end) and ``txchaos down`` remove the
-project's containers, networks and volumes; a start first removes whatever an owner that is gone
-(a SIGKILLed runner) left. Only the ``docker`` CLI is used (no SDK, no testcontainers reaper).
+Reaping: ``stop`` (a test session's end) and ``txchaos down`` remove the project's containers,
+networks and volumes; a start first removes whatever an owner that is gone (a SIGKILLed runner)
+left (``docker_project.reap``). Only the ``docker`` CLI is used (no SDK, no testcontainers reaper).
 """
 
 from __future__ import annotations
@@ -18,221 +17,54 @@ import secrets
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import resources
 from harness.errors import ConfigError, StackError
 from harness.paths import stacks_root
+from harness.protocols import PROTOCOLS
 from harness.stack import topology as topo
 from harness.stack.base import Endpoint, Endpoints
-from harness.stack.docker_images import IMAGES, has_image
+from harness.stack.docker_images import IMAGES
+from harness.stack.docker_project import (
+    COMPOSE_FILE,
+    COMPOSE_PROJECT,
+    DETACHED,
+    OWNER_LABEL,
+    STACK_LABEL,
+    containers,
+    docker,
+    docker_available,
+    docker_unusable,
+    reap,
+    tail,
+    who,
+)
 
 # Must equal the compose file's top-level ``name:`` (checked by compose_topology_errors).
-COMPOSE_PROJECT = "txchaos"
-COMPOSE_FILE = resources.compose_file()
 PUBLISHED_HOST = "127.0.0.1"
 SERVICE_NAMES: tuple[str, ...] = tuple(s.name for s in topo.SERVICES)
-STACK_LABEL = "txchaos.stack"
-OWNER_LABEL = "txchaos.owner"
-PROJECT_LABEL = "com.docker.compose.project"
-SERVICE_LABEL = "com.docker.compose.service"
-DETACHED = "detached"
 PG_DATA = "/var/lib/txchaos/pg"  # the image's data folder, which also holds the server's Unix socket
-LOG_TAIL_LINES = 40
 INSTALL_HINT = "`txchaos install --docker` sets up the engine, Compose v2 and the images"
-
-
-def _docker(*args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the docker CLI; a missing CLI or a hung daemon is a StackError naming the command."""
-    try:
-        return subprocess.run(
-            ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False, input=stdin
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise StackError(
-            f"`docker {' '.join(args[:3])}` failed: {exc}", hint="check that the Docker daemon answers"
-        ) from exc
-
-
-def docker_available(timeout_s: float = 2.0) -> bool:
-    """Return True only if a Docker daemon answers within about ``timeout_s``; never raise."""
-    try:
-        proc = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s + 3,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0 and bool(proc.stdout.strip())
-
-
-def compose_v2() -> str | None:
-    """Return the Compose v2 plugin's version, or None when ``docker compose`` does not answer."""
-    try:
-        proc = subprocess.run(
-            ["docker", "compose", "version", "--short"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    # Only the v2 plugin answers `docker compose` (v1 is the separate `docker-compose` program).
-    return (proc.stdout or "").strip().removeprefix("v") if proc.returncode == 0 else None
-
-
-def docker_unusable(compose_file: Path | None = None, timeout_s: float = 2.0) -> str | None:
-    """Return why the docker provider cannot run the stack here, or None when it can; never raise.
-
-    ``auto`` takes docker only on None: a daemon answers, Compose v2 is there, the compose file
-    ships, every image is on the daemon (building them takes minutes, so it is never implicit), and
-    no other live session's docker stack holds the fixed ports.
-    """
-    compose = compose_file or COMPOSE_FILE
-    if not compose.is_file():
-        return f"no compose file at {compose}"
-    if not docker_available(timeout_s):
-        return "no Docker daemon answers"
-    if compose_v2() is None:
-        return "`docker compose` (Compose v2) is not available"
-    missing = _missing_images(timeout_s)
-    if missing:
-        return (
-            f"image(s) {', '.join(missing)} not on the daemon (none is pulled: `txchaos install --docker` builds them)"
-        )
-    # The ports are fixed: while another session's stack runs, a second one cannot.
-    busy = [c for c in containers() if c.running and not _owner_gone(c.owner)]
-    if busy:
-        return f"the docker stack is in use by {_who(busy[0].owner)}"
-    return None
-
-
-def _missing_images(timeout_s: float) -> list[str]:
-    """Return the stack's images the daemon does not hold (all of them when it cannot say)."""
-    try:
-        return [ref for ref in IMAGES.values() if not has_image(ref)]
-    except StackError:
-        return list(IMAGES.values())
 
 
 def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_PASSWORD) -> Endpoints:
     """Return the addresses clients use: the Toxiproxy side of each route, on loopback."""
 
-    def ep(service: str, route: topo.ProxyRoute | None = None) -> Endpoint:
-        route = route or topo.proxy_for(service)
+    def ep(route: topo.ProxyRoute) -> Endpoint:
         return Endpoint(PUBLISHED_HOST, route.listen_port, route.name, PUBLISHED_HOST, route.port)
 
+    proxied: dict[str, Any] = {p.endpoint: ep(topo.proxy_named(p.proxy)) for p in PROTOCOLS}
     return Endpoints(
         provider="docker",
         stack_id=project,
-        postgres=ep("postgres"),
-        stomp=ep("activemq"),
-        kafka=ep("kafka"),
-        dtm=ep("dtm"),
-        openwire=ep("activemq", topo.proxy_named("activemq_openwire")),
+        **proxied,
         toxiproxy_api=f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}",
         db_user=topo.DB_USER,
         db_password=db_password,
         db_name=topo.DB_NAME,
         state_dir=str(state_dir),
     )
-
-
-# -- containers, and reaping ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Container:
-    """A container of a txchaos docker stack, as ``docker ps`` lists it."""
-
-    id: str
-    service: str
-    owner: str
-    running: bool
-
-
-def containers(project: str = COMPOSE_PROJECT, *, service: str | None = None) -> list[Container]:
-    """Return the containers of ``project`` (one ``service`` of it), running or not."""
-    filters = ["--filter", f"label={PROJECT_LABEL}={project}"]
-    if service:
-        filters += ["--filter", f"label={SERVICE_LABEL}={service}"]
-    fmt = f'{{{{.ID}}}} {{{{.Label "{SERVICE_LABEL}"}}}} {{{{.Label "{OWNER_LABEL}"}}}} {{{{.State}}}}'
-    proc = _docker("ps", "-a", "--no-trunc", *filters, "--format", fmt)
-    out = []
-    for line in (proc.stdout or "").splitlines():
-        parts = line.split()
-        if len(parts) == 4:
-            out.append(Container(parts[0], parts[1], parts[2], parts[3] == "running"))
-    return out
-
-
-def _owner_gone(owner: str) -> bool:
-    if owner == DETACHED:
-        return False
-    return not (owner.isdigit() and _alive(int(owner)))
-
-
-def _who(owner: str) -> str:
-    return "`txchaos up`" if owner == DETACHED else f"process {owner}"
-
-
-def _labelled(kind: str) -> list[str]:
-    """Return the ids of the networks or volumes (``kind``) a txchaos stack made."""
-    ids: list[str] = []
-    for label in (STACK_LABEL, f"{PROJECT_LABEL}={COMPOSE_PROJECT}"):
-        ids += (_docker(kind, "ls", "-q", "--filter", f"label={label}").stdout or "").split()
-    return sorted(set(ids))
-
-
-def reap(*, everything: bool = False) -> list[str]:
-    """Remove the stack containers whose owner is gone (all of them with ``everything``); return what went.
-
-    Networks and volumes of the stack are removed once no container of it is left.
-    """
-    gone: list[str] = []
-    stale = [c for c in containers() if everything or _owner_gone(c.owner)]
-    if stale:
-        _docker("rm", "--force", "--volumes", *(c.id for c in stale), timeout=120)
-        gone += [f"container {c.service} {c.id[:12]} (owner {c.owner})" for c in stale]
-    if not containers():
-        for kind in ("network", "volume"):
-            ids = _labelled(kind)
-            if ids:
-                _docker(kind, "rm", *ids)
-                gone += [f"{kind} {i[:12]}" for i in ids]
-    return gone
-
-
-# -- broker faults: kill -9 and restart with data kept ---------------------------------------------
-
-
-def service_running(service: str, project: str = COMPOSE_PROJECT) -> bool:
-    """Return True when the container of ``service`` runs (it may not answer yet)."""
-    return any(c.running for c in containers(project, service=service))
-
-
-def kill_service(service: str, project: str = COMPOSE_PROJECT) -> list[int]:
-    """SIGKILL the container of ``service`` (its data stays in the container); return the host pids killed."""
-    pids = []
-    for c in containers(project, service=service):
-        if c.running:
-            pid = _docker("inspect", "--format", "{{.State.Pid}}", c.id).stdout.strip()
-            _docker("kill", "--signal", "KILL", c.id)
-            _docker("wait", c.id, timeout=30)
-            pids.append(int(pid) if pid.isdigit() else 0)
-    return pids
-
-
-def start_service(service: str, project: str = COMPOSE_PROJECT) -> None:
-    """Start the stopped container of ``service`` again: same data, same ports."""
-    stopped = [c for c in containers(project, service=service) if not c.running]
-    if not stopped:
-        raise StackError(f"no stopped {service} container in docker stack {project!r}", hint="kill it first")
-    proc = _docker("start", stopped[0].id)
-    if proc.returncode != 0:
-        raise StackError(f"docker start of {service} failed", hint="read `docker logs` of it", log_tail=proc.stderr)
 
 
 class DockerProvider:
@@ -262,7 +94,7 @@ class DockerProvider:
         running = containers()
         if running:
             raise StackError(
-                f"docker stack {self.project!r} is already running, owned by {_who(running[0].owner)}",
+                f"docker stack {self.project!r} is already running, owned by {who(running[0].owner)}",
                 hint="stop that run first (`txchaos down` stops one `txchaos up` started)",
             )
         started = time.monotonic()
@@ -296,7 +128,7 @@ class DockerProvider:
                 raise StackError(
                     f"docker compose down failed for project {self.project!r}",
                     hint=f"remove it by hand: docker compose -p {self.project} down --volumes",
-                    log_tail=_tail(proc.stderr),
+                    log_tail=tail(proc.stderr),
                 )
         finally:
             (self.state_dir / "endpoints.json").unlink(missing_ok=True)
@@ -340,18 +172,18 @@ class DockerProvider:
             raise StackError(
                 f"docker compose {args[0]} failed for project {self.project!r} (exit {proc.returncode})",
                 hint=_up_hint(proc.stderr, self.compose_file),
-                log_tail=_tail(proc.stderr),
+                log_tail=tail(proc.stderr),
             )
         return proc
 
     def _wire(self, ep: Endpoints) -> None:
         """Create the proxies, make the clients' role, then wait for every service through its proxy."""
-        from harness.stack.local import readiness
         from harness.stack.waits import Wait, port_open, wait_each
+        from harness.stack.wiring import create_proxies, readiness
 
         api = Wait("toxiproxy API", port_open(PUBLISHED_HOST, topo.TOXIPROXY.port), timeout=60)
         self.timings["toxiproxy"] = self._watch("toxiproxy", api.run)
-        _create_proxies(ep)
+        create_proxies(ep)
 
         def wait(service: str) -> None:
             if service == "postgres":  # the clients' role first, while the others start
@@ -372,7 +204,7 @@ class DockerProvider:
             raise StackError(
                 f"docker stack {self.project!r}: {service} did not answer: {exc}",
                 hint=f"containers: {state or 'none'}; full log: {self.state_dir / 'logs' / f'{service}.log'}",
-                log_tail=_tail(self._logs(service)),
+                log_tail=tail(self._logs(service)),
             ) from exc
 
     def _make_role(self, ep: Endpoints) -> float:
@@ -382,11 +214,11 @@ class DockerProvider:
         if not box:
             raise StackError("no postgres container", hint="read the compose output")
         deadline = started + 60
-        while _docker("exec", box[0], "/usr/lib/postgresql/15/bin/pg_isready", "-q", "-h", PG_DATA).returncode:
+        while docker("exec", box[0], "/usr/lib/postgresql/15/bin/pg_isready", "-q", "-h", PG_DATA).returncode:
             if time.monotonic() > deadline:
                 raise TimeoutError("postgres did not open its Unix socket within 60 s")
             time.sleep(0.1)
-        proc = _docker(
+        proc = docker(
             "exec", "-i", box[0], "psql", "-q", "-v", "ON_ERROR_STOP=1", "-h", PG_DATA,
             "-U", topo.DB_ADMIN, "-d", "postgres", "-f", "-",
             stdin=owner_role_sql(ep.db_user, ep.db_password, ep.db_name),
@@ -401,7 +233,7 @@ class DockerProvider:
         found = containers(self.project, service=service)
         if not found:
             return ""
-        proc = _docker("logs", found[0].id, timeout=30)
+        proc = docker("logs", found[0].id, timeout=30)
         return proc.stdout + proc.stderr
 
     def _save_logs(self) -> None:
@@ -430,29 +262,6 @@ def owner_role_sql(role: str, password: str, name: str) -> str:
         f"WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = '{name}')\\gexec\n"
         f'ALTER DATABASE "{name}" OWNER TO "{role}";\n'
     )
-
-
-def _create_proxies(ep: Endpoints) -> None:
-    from harness.clients.toxiproxy import ToxiproxyAdmin
-
-    admin = ToxiproxyAdmin(ep.toxiproxy_api)
-    for e in (ep.postgres, ep.stomp, ep.kafka, ep.dtm, ep.openwire):
-        assert e is not None
-        admin.create(e.proxy, e.address, f"{e.upstream_host}:{e.upstream_port}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def _up_hint(stderr: str, compose_file: Path) -> str:

@@ -32,8 +32,8 @@ from typing import IO
 
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root
-from harness.stack import bootstrap, docker_images
-from harness.stack.docker import compose_v2, docker_available
+from harness.stack import docker_images, go_builds
+from harness.stack.docker_project import compose_v2, docker_available
 
 COMPOSE_MODULE = "github.com/docker/compose/v2"
 COMPOSE_VERSION = "v2.40.3"
@@ -205,7 +205,7 @@ def ensure_compose(say: Say = _say) -> str:
     if go is None:
         raise ConfigError("Compose v2 is missing and there is no `go` to build it", hint="install Go 1.24+")
     say(f"building Compose {COMPOSE_VERSION} from the Go module proxy (minutes, once)...")
-    env = bootstrap.go_env()
+    env = go_builds.go_env()
     out = _run([go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"], "go mod download", env=env)
     module_dir = Path(json.loads(out.stdout)["Dir"])
     dest = plugin_path()

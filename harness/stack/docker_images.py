@@ -70,7 +70,7 @@ def _place(src: Path, dest: Path) -> None:
 
 def _sources(service: str, tools: bootstrap.Tools) -> dict[str, Path | str]:
     """Return what the context of ``service`` holds: relative name -> a file to copy or a text to write."""
-    from harness.stack.local import PG_HBA
+    from harness.stack.local_recipes import PG_HBA
 
     fixtures = resources.fixtures_dir()
     files: dict[str, Path | str] = {"Dockerfile": dockerfiles() / service / "Dockerfile"}

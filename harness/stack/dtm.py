@@ -5,7 +5,7 @@ The checks mirror what DTM v1.19.0 itself refuses at start, so a bad edit fails 
 runs, with a message that names the key, instead of as a dead process with a log line.
 
 DTM v1.19.0 has no setting for its listen address: the install builds it with both listeners on
-127.0.0.1 (``bootstrap.dtm_loopback_source``), so the stack's DTM is reached only through its proxy.
+127.0.0.1 (``go_builds.dtm_loopback_source``), so the stack's DTM is reached only through its proxy.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def choose(name: str | None = None) -> Choice:
         raise ConfigError(what, hint=f"use one of {', '.join(PROVIDERS)}")
     if choice != "auto":
         return Choice(choice, "asked for" if name else "TXCHAOS_PROVIDER", auto=False)
-    from harness.stack.docker import docker_unusable
+    from harness.stack.docker_project import docker_unusable
 
     problem = docker_unusable()
     if problem is None:
@@ -62,7 +62,8 @@ def make_provider(
     if choice.auto and announce is not None:
         announce(choice.line())
     if choice.provider == "docker":
-        from harness.stack.docker import DockerProvider, docker_unusable
+        from harness.stack.docker import DockerProvider
+        from harness.stack.docker_project import docker_unusable
 
         problem = None if choice.auto else docker_unusable()
         if problem is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.protocols import PROTOCOLS
+
 
 @dataclass(frozen=True)
 class Service:
@@ -41,14 +43,16 @@ ACTIVEMQ_OPENWIRE_PORT = 61616
 
 SERVICES: tuple[Service, ...] = (POSTGRES, ACTIVEMQ, KAFKA, TOXIPROXY, DTM)
 
-# Fixed proxy ports for docker (published on the host); the local provider picks free ports instead.
-PROXIES: tuple[ProxyRoute, ...] = (
-    ProxyRoute("postgres", "postgres", POSTGRES.port, 15432),
-    ProxyRoute("activemq_stomp", "activemq", ACTIVEMQ.port, 16613),
-    ProxyRoute("activemq_openwire", "activemq", ACTIVEMQ_OPENWIRE_PORT, 16616),
-    ProxyRoute("kafka", "kafka", KAFKA.port, 19092),
-    ProxyRoute("dtm", "dtm", DTM.port, 16789),
-)
+# Each protocol's server port and docker's fixed proxy port (published on the host); the local
+# provider picks free ports instead. The proxies' names and services are the protocols' table's.
+_PORTS = {
+    "postgres": (POSTGRES.port, 15432),
+    "stomp": (ACTIVEMQ.port, 16613),
+    "openwire": (ACTIVEMQ_OPENWIRE_PORT, 16616),
+    "kafka": (KAFKA.port, 19092),
+    "dtm": (DTM.port, 16789),
+}
+PROXIES: tuple[ProxyRoute, ...] = tuple(ProxyRoute(p.proxy, p.service, *_PORTS[p.name]) for p in PROTOCOLS)
 
 # Kafka's second listener, for the broker itself (controller and inter-broker): never proxied.
 KAFKA_INTERNAL_PORT = 29092

@@ -18,38 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError, HarnessError
+from harness.protocols import TRAPPED
 
 if TYPE_CHECKING:
     from harness.traps.trapd import Relay
 
-POINTS: dict[str, str] = {
-    "pg_before_commit": "postgres",
-    "pg_after_commit": "postgres",
-    "stomp_before_ack": "stomp",
-    "stomp_before_commit": "stomp",
-    "stomp_after_commit": "stomp",
-    "openwire_before_ack": "openwire",
-    "openwire_before_commit": "openwire",
-    "openwire_after_commit": "openwire",
-    "kafka_before_offset_commit": "kafka",
-    "kafka_before_end_txn": "kafka",
-    "kafka_after_produce": "kafka",
-}
-
-# What a service did not do when a trap on the point never fired: the verdict's headline says it.
-UNREACHED: dict[str, str] = {
-    "pg_before_commit": "the service sent no Postgres COMMIT",
-    "pg_after_commit": "Postgres confirmed no COMMIT of the service",
-    "stomp_before_ack": "the service sent no STOMP ACK",
-    "stomp_before_commit": "the service sent no STOMP COMMIT",
-    "stomp_after_commit": "the service sent no STOMP COMMIT",
-    "openwire_before_ack": "the service sent no OpenWire message acknowledgement",
-    "openwire_before_commit": "the service committed no JMS transaction (OpenWire TransactionInfo COMMIT)",
-    "openwire_after_commit": "the broker confirmed no JMS transaction commit of the service",
-    "kafka_before_offset_commit": "the service committed no Kafka offset",
-    "kafka_before_end_txn": "the service ended no Kafka transaction",
-    "kafka_after_produce": "the service produced no Kafka record",
-}
+# Every trap point -> its protocol, and what a service did not do when a trap on the point never
+# fired (the verdict's headline says it): both read from the one table of protocols.
+POINTS: dict[str, str] = {point.name: p.name for p in TRAPPED for point in p.points}
+UNREACHED: dict[str, str] = {point.name: point.unreached for p in TRAPPED for point in p.points}
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from dataclasses import replace
 from types import TracebackType
 
 from harness.errors import ConfigError, HarnessError
+from harness.protocols import TRAPPED
 from harness.traps.base import Drop, Firing, Freeze, Kill, PidSource, TrapSet
 from harness.traps.trapd import Event, Relay, relay
 
-PROTOCOLS = ("postgres", "stomp", "kafka", "openwire")
+PROTOCOLS = tuple(p.name for p in TRAPPED)  # the protocols trapd reads
 
 
 class TrapProxy:

@@ -26,8 +26,8 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 from harness.errors import HarnessError
-from harness.stack.bootstrap import ensure_toxiproxy as _ensure
-from harness.stack.bootstrap import say
+from harness.stack.go_builds import ensure_toxiproxy as _ensure
+from harness.stack.install_shell import say
 
 REPLY_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0

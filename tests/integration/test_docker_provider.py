@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness.cli import FLAGSHIP_SCENARIOS
+from harness.cli.suite import FLAGSHIP_SCENARIOS
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
 from harness.faults import KillBroker, Latency, Partition, active
-from harness.stack import docker, docker_engine
+from harness.stack import docker, docker_engine, docker_project
 from harness.stack.base import Endpoints
 
 pytestmark = [
@@ -54,7 +54,7 @@ def _labelled(kind: str) -> set[str]:
     """Return the ids of every container (``ps``), network or volume a txchaos stack made."""
     args = ["ps", "-a", "-q", "--no-trunc"] if kind == "ps" else [kind, "ls", "-q"]
     out: set[str] = set()
-    for label in (docker.STACK_LABEL, f"{docker.PROJECT_LABEL}={docker.COMPOSE_PROJECT}"):
+    for label in (docker_project.STACK_LABEL, f"{docker_project.PROJECT_LABEL}={docker_project.COMPOSE_PROJECT}"):
         proc = subprocess.run(
             ["docker", *args, "--filter", f"label={label}"], capture_output=True, text=True, check=True
         )
@@ -65,7 +65,7 @@ def _labelled(kind: str) -> set[str]:
 @pytest.fixture(scope="module", autouse=True)
 def engine() -> Iterator[None]:
     started = docker_engine.ensure_engine()
-    problem = docker.docker_unusable()
+    problem = docker_project.docker_unusable()
     if problem and "in use by" in problem:
         pytest.skip(f"this session's own stack runs on docker ({problem})")
     assert problem is None, problem
@@ -102,14 +102,14 @@ def test_next_start_reaps_the_stack_of_a_sigkilled_runner(tmp_path: Path) -> Non
         runner.wait()
     leaked = _labelled("ps")
     assert len(leaked) == 5, "the killed runner's containers should still be there"
-    assert docker.docker_unusable() is None, "auto must not count a dead owner's stack as in use"
+    assert docker_project.docker_unusable() is None, "auto must not count a dead owner's stack as in use"
     provider = docker.DockerProvider()
     provider.start()
     try:
         assert not leaked & _labelled("ps"), "the new start kept containers of the killed runner"
-        owners = {c.owner for c in docker.containers()}
+        owners = {c.owner for c in docker_project.containers()}
         assert owners == {str(os.getpid())}
-        assert "in use by process" in (docker.docker_unusable() or "")
+        assert "in use by process" in (docker_project.docker_unusable() or "")
     finally:
         provider.stop()
     assert _labelled("ps") == set()
@@ -147,7 +147,7 @@ class TestFaultsOnDocker:
             c.send(q, "kept", persistent=True)
             c.send(q, "lost", persistent=False)
         with active(KillBroker("activemq").on(stack)) as fault:
-            assert not docker.service_running("activemq")
+            assert not docker_project.service_running("activemq")
             with pytest.raises(HarnessError):
                 StompClient(stack.stomp.host, stack.stomp.port, heartbeats=(0, 0))
         assert fault.killed

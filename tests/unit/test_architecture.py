@@ -26,7 +26,9 @@ ADAPTERS = {
 # Layers, lowest first: a module may import only from its own layer or below.
 LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
-    {"errors", "paths", "poll", "resources", "stack.bootstrap", "stack.topology", "reporting.allure_cli"},
+    # The bootstrap and the modules it is split into run before the virtualenv exists: stdlib only.
+    {"errors", "paths", "poll", "protocols", "resources", "stack.topology", "reporting.allure_cli"}
+    | {"stack.bootstrap", "stack.install_shell", "stack.cache_manifest", "stack.go_builds", "stack.host_tools"},
     {"stack", "clients", "traps"},
     {"ledger", "worker", "patterns", "faults"},
     {"verify"},

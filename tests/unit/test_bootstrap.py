@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.stack import bootstrap
+from harness.stack import bootstrap, cache_manifest, go_builds, host_tools
 
-TRAPD = bootstrap.trapd_path().name  # the stack's Toxiproxy: named by the version of its sources
+TRAPD = go_builds.trapd_path().name  # the stack's Toxiproxy: named by the version of its sources
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,13 +33,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (lib / f"{name}-client-1.0.jar").write_bytes(b"PK\x03\x04 " + name.encode() * 100)
         (lib / f"{name}-core-1.0.jar").write_bytes(b"PK\x03\x04 core " + name.encode() * 50)
         (lib / ".complete").write_text("2026-01-01T00:00:00")
-        bootstrap.record(f"{name} jars", lib)
-    for component, binary in (("toxiproxy", TRAPD), ("dtm", bootstrap.DTM_BINARY)):
+        cache_manifest.record(f"{name} jars", lib)
+    for component, binary in (("toxiproxy", TRAPD), ("dtm", go_builds.DTM_BINARY)):
         path = root / "bin" / binary
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x7fELF" + component.encode() * 200)
         path.chmod(0o755)
-        bootstrap.record(component, path)
+        cache_manifest.record(component, path)
     tools = bootstrap.Tools(
         java=sys.executable,
         postgres_bin=str(tmp_path),
@@ -47,15 +47,15 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         kafka_lib=str(root / "jars" / "kafka-0123456789ab"),
         toxiproxy=str(root / "bin" / TRAPD),
         allure=None,
-        dtm=str(root / "bin" / bootstrap.DTM_BINARY),
+        dtm=str(root / "bin" / go_builds.DTM_BINARY),
     )
     (root / "tools.json").write_text(json.dumps(asdict(tools)))
     return root
 
 
 def test_an_intact_cache_loads(cache: Path) -> None:
-    assert bootstrap.load_tools().dtm == str(cache / "bin" / bootstrap.DTM_BINARY)
-    bootstrap.verify_cache(full=True)
+    assert bootstrap.load_tools().dtm == str(cache / "bin" / go_builds.DTM_BINARY)
+    cache_manifest.verify_cache(full=True)
 
 
 def test_a_missing_jar_is_named_with_the_remedy(cache: Path) -> None:
@@ -82,9 +82,9 @@ def test_same_size_corruption_needs_the_full_check(cache: Path) -> None:
     data = bytearray(jar.read_bytes())
     data[-1] ^= 0xFF
     jar.write_bytes(bytes(data))
-    bootstrap.verify_cache()  # sizes agree: the check before every start does not hash
+    cache_manifest.verify_cache()  # sizes agree: the check before every start does not hash
     with pytest.raises(bootstrap.BootstrapError, match=r"kafka-core-1\.0\.jar changed"):
-        bootstrap.verify_cache(full=True)
+        cache_manifest.verify_cache(full=True)
 
 
 def test_a_cache_without_manifest_asks_for_an_install(cache: Path) -> None:
@@ -106,10 +106,10 @@ def test_the_local_provider_refuses_a_damaged_cache_before_starting(
     from harness.stack.local import LocalProvider
 
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "reports"))
-    (cache / "bin" / bootstrap.DTM_BINARY).unlink()
+    (cache / "bin" / go_builds.DTM_BINARY).unlink()
     with pytest.raises(ConfigError) as info:
         LocalProvider().start()
-    assert bootstrap.DTM_BINARY in str(info.value)
+    assert go_builds.DTM_BINARY in str(info.value)
     assert "txchaos install" in (info.value.hint or "")
     assert not list((tmp_path / "reports").glob("stacks/*/logs/*.log"))  # nothing was spawned
 
@@ -118,19 +118,19 @@ def test_install_repairs_only_the_damaged_component(cache: Path, monkeypatch: py
     lib = cache / "jars" / "activemq-0123456789ab"
     (lib / "activemq-core-1.0.jar").unlink()
     kafka_before = (cache / "jars" / "kafka-0123456789ab" / "kafka-core-1.0.jar").stat().st_ino
-    assert bootstrap._intact("activemq jars", lib, lib / ".complete", verify=False) is False
+    assert cache_manifest.intact("activemq jars", lib, lib / ".complete", verify=False) is False
     assert not lib.exists()  # removed, so the install resolves it again
-    assert bootstrap._intact("kafka jars", cache / "jars" / "kafka-0123456789ab", cache, verify=True)
+    assert cache_manifest.intact("kafka jars", cache / "jars" / "kafka-0123456789ab", cache, verify=True)
     assert (cache / "jars" / "kafka-0123456789ab" / "kafka-core-1.0.jar").stat().st_ino == kafka_before
 
 
 def test_an_install_that_predates_the_manifest_is_recorded(cache: Path) -> None:
     (cache / "manifest.json").unlink()
-    binary = cache / "bin" / bootstrap.DTM_BINARY
-    assert bootstrap._intact("dtm", binary, binary, verify=False)
-    recorded = bootstrap.read_manifest()
+    binary = cache / "bin" / go_builds.DTM_BINARY
+    assert cache_manifest.intact("dtm", binary, binary, verify=False)
+    recorded = cache_manifest.read_manifest()
     assert recorded is not None
-    assert recorded["dtm"]["root"] == f"bin/{bootstrap.DTM_BINARY}"
+    assert recorded["dtm"]["root"] == f"bin/{go_builds.DTM_BINARY}"
 
 
 def test_txchaos_install_is_idempotent_and_says_so(
@@ -142,7 +142,7 @@ def test_txchaos_install_is_idempotent_and_says_so(
     monkeypatch.setattr(bootstrap, "ensure_allure", lambda **k: None)
     for name in ("activemq", "kafka"):
         lib = cache / "jars" / f"{name}-0123456789ab"
-        lib.rename(lib.with_name(f"{name}-{bootstrap._digest(_pom(name))}"))
+        lib.rename(lib.with_name(f"{name}-{host_tools.digest(_pom(name))}"))
     (cache / "manifest.json").unlink()  # recorded again from what is there
     assert main(["install"]) == 0
     assert main(["install", "--verify"]) == 0
@@ -155,7 +155,7 @@ def test_a_missing_tool_names_txchaos_install(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(bootstrap.BootstrapError) as info:
-        bootstrap.ensure_toxiproxy()
+        go_builds.ensure_toxiproxy()
     assert str(info.value).startswith("missing `go`")
     assert str(info.value).endswith("then run `txchaos install` again")
 
@@ -194,13 +194,13 @@ def test_the_browser_for_the_report_test_is_found_or_installed_as_root_or_skippe
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert bootstrap.ensure_browser() == str(fake)
+    assert host_tools.ensure_browser() == str(fake)
     fake.unlink()
     installed: list[str] = []
-    monkeypatch.setattr(bootstrap, "_is_root", lambda: False)
-    monkeypatch.setattr(bootstrap, "_apt_install", installed.append)
-    assert bootstrap.ensure_browser() is None
+    monkeypatch.setattr(host_tools, "is_root", lambda: False)
+    monkeypatch.setattr(host_tools, "apt_install", installed.append)
+    assert host_tools.ensure_browser() is None
     assert "apt-get install -y chromium" in capsys.readouterr().err
-    monkeypatch.setattr(bootstrap, "_is_root", lambda: True)
-    bootstrap.ensure_browser()
+    monkeypatch.setattr(host_tools, "is_root", lambda: True)
+    host_tools.ensure_browser()
     assert installed == ["chromium"]

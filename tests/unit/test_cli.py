@@ -89,7 +89,7 @@ def test_report_refuses_a_history_folder_without_history(tmp_path: Path, capsys:
 
 
 def test_the_flagship_takes_the_newest_earlier_report_with_a_history(tmp_path: Path) -> None:
-    from harness.cli import _latest_report
+    from harness.cli.suite import _latest_report
 
     assert _latest_report(tmp_path / "none") is None
     for run in ("20260101-000000", "20260102-000000", "20260103-000000"):

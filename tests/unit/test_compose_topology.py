@@ -20,18 +20,10 @@ import pytest
 import yaml
 
 from harness.errors import ConfigError
-from harness.stack import bootstrap, docker_engine, docker_images, local
+from harness.stack import bootstrap, docker_engine, docker_images, local_recipes
 from harness.stack import topology as topo
-from harness.stack.docker import (
-    COMPOSE_FILE,
-    OWNER_LABEL,
-    PUBLISHED_HOST,
-    STACK_LABEL,
-    compose_endpoints,
-    compose_topology_errors,
-    docker_available,
-    owner_role_sql,
-)
+from harness.stack.docker import PUBLISHED_HOST, compose_endpoints, compose_topology_errors, owner_role_sql
+from harness.stack.docker_project import COMPOSE_FILE, OWNER_LABEL, STACK_LABEL, docker_available
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ROOT / "fixtures" / "docker"
@@ -90,10 +82,10 @@ def test_every_dockerfile_builds_on_the_configurable_base(service: str) -> None:
 
 def test_postgres_runs_the_local_providers_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
-    provider = local.LocalProvider()
-    provider._tools = bootstrap.Tools("java", "/usr/lib/postgresql/15/bin", "a", "k", "t", None, "d")
-    provider._pg_started = True  # the argv only: no template, no data folder
-    argv, _ = provider._postgres_argv(fresh=False)
+    tools = bootstrap.Tools("java", "/usr/lib/postgresql/15/bin", "a", "k", "t", None, "d")
+    recipes = local_recipes.Recipes(tools, local_recipes.Ports.pick(), tmp_path, tmp_path / "pg", "activemq.xml")
+    recipes._pg_started = True  # the argv only: no template, no data folder
+    argv, _ = recipes.postgres_argv(fresh=False)
     ours = _entrypoint("postgres")
     assert _settings(ours) == _settings(argv)
     assert _settings(ours)["listen_addresses"] == "127.0.0.1"
@@ -107,7 +99,7 @@ def test_postgres_runs_the_local_providers_settings(monkeypatch: pytest.MonkeyPa
 def test_brokers_run_with_the_local_providers_jvm_flags(service: str, heap: str) -> None:
     argv = _entrypoint(service)
     assert argv[:3] == ["java", heap, "-Xms64m"]
-    assert argv[3 : 3 + len(local.JVM_FLAGS)] == local.JVM_FLAGS
+    assert argv[3 : 3 + len(local_recipes.JVM_FLAGS)] == local_recipes.JVM_FLAGS
 
 
 def test_activemq_binds_loopback_on_the_topology_port() -> None:
@@ -157,7 +149,7 @@ def test_context_holds_the_local_pg_hba_and_its_digest_follows_the_base(
     tools = bootstrap.Tools("java", "pg", "a", "k", "t", None, "d")
     context, digest = docker_images.assemble("postgres", tools, "debian:bookworm-slim")
     assert sorted(p.name for p in context.iterdir()) == ["Dockerfile", "pg_hba.conf"]
-    assert (context / "pg_hba.conf").read_text() == local.PG_HBA
+    assert (context / "pg_hba.conf").read_text() == local_recipes.PG_HBA
     assert docker_images.assemble("postgres", tools, docker_images.LOCAL_BASE)[1] != digest
 
 

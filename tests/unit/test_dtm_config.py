@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ConfigError
-from harness.stack import bootstrap, dtm
+from harness.stack import bootstrap, dtm, go_builds
 from harness.stack import topology as topo
 from harness.stack.base import Endpoints
 from harness.stack.local_state import ServiceRecipe
@@ -71,8 +71,8 @@ def test_render_refuses_a_bad_file_with_a_hint(tmp_path: Path) -> None:
 
 
 def test_bootstrap_builds_the_pinned_release() -> None:
-    assert bootstrap.DTM_VERSION.removeprefix("v") == topo.DTM.version
-    assert bootstrap.DTM_VERSION.startswith("v")
+    assert go_builds.DTM_VERSION.removeprefix("v") == topo.DTM.version
+    assert go_builds.DTM_VERSION.startswith("v")
     assert topo.DTM.image == f"yedf/dtm:{topo.DTM.version}"
     assert topo.proxy_for("dtm").name == "dtm"
 
@@ -111,7 +111,7 @@ def test_missing_go_is_one_line_saying_how_to_get_it(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(bootstrap.BootstrapError) as info:
-        bootstrap.ensure_dtm()
+        go_builds.ensure_dtm()
     message = str(info.value)
     assert message.startswith("missing `go`")
     assert "install Go" in message

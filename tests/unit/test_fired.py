@@ -137,6 +137,8 @@ def test_every_trap_point_says_what_the_service_did_not_do() -> None:
     from harness.traps.base import POINTS, UNREACHED
 
     assert set(UNREACHED) == set(POINTS)
+    # The table of protocols makes every point carry a wording; it must also say what was missing.
+    assert all(" no " in UNREACHED[p] for p in POINTS), UNREACHED
 
 
 def test_what_compaction_records_gives_the_verdict_a_scan_gives(tmp_path: Path) -> None:

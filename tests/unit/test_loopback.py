@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.stack import bootstrap
-from harness.stack.local import PG_HBA
+from harness.stack import go_builds
+from harness.stack.install_shell import BootstrapError
+from harness.stack.local_recipes import PG_HBA
 
 
 def _svr_go() -> Path:
-    root = Path(bootstrap.go_env()["GOMODCACHE"])
-    return root / f"{bootstrap.DTM_MODULE}@{bootstrap.DTM_VERSION}" / "dtmsvr" / "svr.go"
+    root = Path(go_builds.go_env()["GOMODCACHE"])
+    return root / f"{go_builds.DTM_MODULE}@{go_builds.DTM_VERSION}" / "dtmsvr" / "svr.go"
 
 
 def test_the_pinned_dtm_source_gets_both_listeners_on_loopback() -> None:
@@ -20,15 +21,15 @@ def test_the_pinned_dtm_source_gets_both_listeners_on_loopback() -> None:
     if not source.exists():
         pytest.skip(f"no DTM sources in the Go module cache ({source}): run ./txchaos")
     text = source.read_text()
-    patched = bootstrap.dtm_loopback_source(text)
-    assert patched.count(f'"{bootstrap.DTM_LOOPBACK}:%d"') == 2
+    patched = go_builds.dtm_loopback_source(text)
+    assert patched.count(f'"{go_builds.DTM_LOOPBACK}:%d"') == 2
     assert 'Sprintf(":%d"' not in patched, "a listener is left on every interface"
     assert len(patched.splitlines()) == len(text.splitlines())
 
 
 def test_a_dtm_source_the_build_does_not_know_is_refused() -> None:
-    with pytest.raises(bootstrap.BootstrapError, match="expected 1"):
-        bootstrap.dtm_loopback_source('app.Run(fmt.Sprintf("0.0.0.0:%d", conf.HTTPPort))')
+    with pytest.raises(BootstrapError, match="expected 1"):
+        go_builds.dtm_loopback_source('app.Run(fmt.Sprintf("0.0.0.0:%d", conf.HTTPPort))')
 
 
 def test_postgres_trusts_no_tcp_connection() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ConfigError
-from harness.stack import docker, selection
+from harness.stack import docker_project, selection
 
 pytest_plugins = ["pytester"]
 
@@ -22,9 +22,9 @@ pytest_plugins = ["pytester"]
 def docker_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake a machine where every docker probe passes: a daemon, Compose v2, every image."""
     monkeypatch.delenv("TXCHAOS_PROVIDER", raising=False)
-    monkeypatch.setattr(docker, "docker_available", lambda timeout_s=2.0: True)
-    monkeypatch.setattr(docker, "_missing_images", lambda timeout_s: [])
-    monkeypatch.setattr(docker.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    monkeypatch.setattr(docker_project, "docker_available", lambda timeout_s=2.0: True)
+    monkeypatch.setattr(docker_project, "_missing_images", lambda timeout_s: [])
+    monkeypatch.setattr(docker_project.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
 
 
 def test_auto_takes_docker_when_every_probe_passes(docker_ready: None) -> None:
@@ -34,7 +34,7 @@ def test_auto_takes_docker_when_every_probe_passes(docker_ready: None) -> None:
 
 
 def test_auto_takes_local_when_no_daemon_answers(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker, "docker_available", lambda timeout_s=2.0: False)
+    monkeypatch.setattr(docker_project, "docker_available", lambda timeout_s=2.0: False)
     choice = selection.choose("auto")
     assert choice.provider == "local"
     assert choice.line() == "txchaos: local provider (auto: docker cannot run the stack here: no Docker daemon answers)"
@@ -45,7 +45,7 @@ def test_auto_takes_local_without_compose_v2(docker_ready: None, monkeypatch: py
     def no_compose(*args: object, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
         raise subprocess.CalledProcessError(1, ["docker", "compose", "version"])
 
-    monkeypatch.setattr(docker.subprocess, "run", no_compose)
+    monkeypatch.setattr(docker_project.subprocess, "run", no_compose)
     choice = selection.choose()
     assert choice.provider == "local"
     assert "Compose v2" in choice.why
@@ -55,14 +55,14 @@ def test_auto_takes_local_without_the_compose_file(
     docker_ready: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Before: a pip install had no compose file and every test failed on "no compose file at ...".
-    monkeypatch.setattr(docker, "COMPOSE_FILE", tmp_path / "docker-compose.yml")
+    monkeypatch.setattr(docker_project, "COMPOSE_FILE", tmp_path / "docker-compose.yml")
     choice = selection.choose()
     assert choice.provider == "local"
     assert f"no compose file at {tmp_path / 'docker-compose.yml'}" in choice.why
 
 
 def test_auto_takes_local_when_an_image_is_missing(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker, "_missing_images", lambda timeout_s: ["yedf/dtm:1.19.0"])
+    monkeypatch.setattr(docker_project, "_missing_images", lambda timeout_s: ["yedf/dtm:1.19.0"])
     choice = selection.choose()
     assert choice.provider == "local"
     assert "yedf/dtm:1.19.0 not on the daemon" in choice.why
@@ -70,19 +70,21 @@ def test_auto_takes_local_when_an_image_is_missing(docker_ready: None, monkeypat
 
 
 def test_the_compose_file_ships_in_the_package() -> None:
-    assert docker.COMPOSE_FILE.is_file()
-    assert (docker.COMPOSE_FILE.parent / "fixtures" / "activemq" / "activemq.xml").is_file()  # its ./fixtures mounts
+    assert docker_project.COMPOSE_FILE.is_file()
+    assert (
+        docker_project.COMPOSE_FILE.parent / "fixtures" / "activemq" / "activemq.xml"
+    ).is_file()  # its ./fixtures mounts
 
 
 def test_docker_asked_for_but_unusable_is_a_config_error(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker, "_missing_images", lambda timeout_s: ["postgres:15"])
+    monkeypatch.setattr(docker_project, "_missing_images", lambda timeout_s: ["postgres:15"])
     with pytest.raises(ConfigError, match=r"provider 'docker' asked for, but .*postgres:15") as info:
         selection.make_provider("docker")
     assert "--provider local" in (info.value.hint or "")
 
 
 def test_auto_announces_its_choice_once(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker, "docker_available", lambda timeout_s=2.0: False)
+    monkeypatch.setattr(docker_project, "docker_available", lambda timeout_s=2.0: False)
     lines: list[str] = []
     provider = selection.make_provider(announce=lines.append)
     assert provider.name == "local"
@@ -96,7 +98,7 @@ def test_cli_exits_2_with_one_message_when_docker_cannot_run(
 ) -> None:
     monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path))
     monkeypatch.delenv("TXCHAOS_ENDPOINTS", raising=False)
-    monkeypatch.setattr(docker, "docker_available", lambda timeout_s=2.0: False)
+    monkeypatch.setattr(docker_project, "docker_available", lambda timeout_s=2.0: False)
     assert main(["up", "--provider", "docker"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("txchaos: ConfigError: provider 'docker' asked for, but it cannot run the stack here: ")

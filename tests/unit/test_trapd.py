@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from harness.stack.bootstrap import TRAPD_SOURCE as SOURCE
-from harness.stack.bootstrap import go_env
+from harness.stack.go_builds import TRAPD_SOURCE as SOURCE
+from harness.stack.go_builds import go_env
 
 
 def _go(*args: str) -> subprocess.CompletedProcess[str]:

@@ -39,7 +39,7 @@ from harness.run.spec.flow import Flow, register
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.service import Service, fields_of
 from harness.stack import containers
-from harness.stack.base import Endpoint, Endpoints
+from harness.stack.base import Endpoints
 from harness.traps.base import POINTS as TRAP_POINTS
 from harness.traps.base import Drop, Firing, Freeze, Kill, Trap, TrapSet
 from harness.traps.proxy import TrapProxy
@@ -132,9 +132,7 @@ class ServiceInstances:
         if session._sink is not None and self.service.output_op is not None:
             session._sink.op_path = tuple(self.service.output_op.split("."))
         ep = session.endpoints
-        upstream: dict[str, Endpoint] = {"postgres": ep.postgres, "stomp": ep.stomp, "kafka": ep.kafka}
-        if ep.openwire is not None:
-            upstream["openwire"] = ep.openwire
+        upstream = ep.proxied()
         for name in self._names():
             for protocol in sorted(self.service.protocols()):
                 up = upstream[protocol]

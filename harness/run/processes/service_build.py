@@ -21,7 +21,7 @@ from pathlib import Path
 from harness.errors import ConfigError
 from harness.paths import cache_root
 from harness.run.spec.service import Service, source_files
-from harness.stack.bootstrap import go_env
+from harness.stack.go_builds import go_env
 
 
 def source_hash(root: Path) -> str:

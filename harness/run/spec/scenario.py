@@ -7,6 +7,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import TypeVar
 
 from harness.errors import ConfigError
+from harness.protocols import PROTOCOLS
 from harness.run.spec.checks import (
     check_handler,
     check_identifier,
@@ -60,7 +61,7 @@ class Crash:
         return f"arm {self.action} at {self.point} on {on}"
 
 
-NETWORK_TARGETS = ("activemq_stomp", "activemq_openwire", "postgres", "kafka", "dtm")
+NETWORK_TARGETS = tuple(p.proxy for p in PROTOCOLS)
 
 
 @dataclass(frozen=True)

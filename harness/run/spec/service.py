@@ -32,26 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.protocols import PROTOCOLS
 from harness.run.spec.checks import check_int, check_name, check_seconds
 from harness.traps.base import POINTS as TRAP_POINTS
 
 # Each placeholder a service's command, build and env may use, and the protocol it makes the
-# service speak through a trap relay (None: not a trapped connection).
+# service speak through a trap relay (None: not a trapped connection). The connections' come from
+# the table of protocols: postgres_url is a libpq URI (postgresql://user:password@127.0.0.1:port/db),
+# stomp_url and openwire_url are tcp://127.0.0.1:port (as ActiveMQConnectionFactory takes it),
+# dtm_url goes through Toxiproxy, not trapped (DTM speaks HTTP).
 PLACEHOLDERS: dict[str, str | None] = {
-    "postgres_url": "postgres",  # a libpq URI: postgresql://user:password@127.0.0.1:port/db
-    "postgres_host": "postgres",
-    "postgres_port": "postgres",
+    **{name: p.name if p.trapped else None for p in PROTOCOLS for name in p.placeholders},
     "db_user": None,
     "db_password": None,
     "db_name": None,
-    "stomp_host": "stomp",
-    "stomp_port": "stomp",
-    "stomp_url": "stomp",  # tcp://127.0.0.1:port
-    "openwire_host": "openwire",
-    "openwire_port": "openwire",
-    "openwire_url": "openwire",  # tcp://127.0.0.1:port, as ActiveMQConnectionFactory takes it
-    "kafka_bootstrap": "kafka",
-    "dtm_url": None,  # through Toxiproxy, not trapped (DTM speaks HTTP)
     "input": None,  # the queue or topic the harness submits to
     "output": None,  # where the service sends what comes out
     "group": None,  # the Kafka consumer group the harness watches
