@@ -35,16 +35,20 @@ DRIVER_MEMORY = "2g"
 # DontCompileHugeMethods is off: the overlay step at 10M events took 11.0 s with it on, 2.3 s off.
 JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
 
+
+def log4j(level: str, **loggers: str) -> str:
+    """Return a log4j2 properties text: everything at ``level`` (each of ``loggers``, key=name, too) to stderr."""
+    named = "".join(f"logger.{key}.name = {name}\nlogger.{key}.level = {level}\n" for key, name in loggers.items())
+    return (
+        f"rootLogger.level = {level}\n{named}rootLogger.appenderRef.stderr.ref = console\n"
+        "appender.console.type = Console\nappender.console.name = console\nappender.console.target = SYSTEM_ERR\n"
+        "appender.console.layout.type = PatternLayout\n"
+        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n\n"
+    )
+
+
 # The server logs warnings and errors only: at INFO it writes lines for every query it plans.
-SERVER_LOG4J = """\
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
+SERVER_LOG4J = log4j("warn")
 
 
 def spark_home() -> Path:

@@ -75,17 +75,7 @@ def class_archive() -> Path:
 # verification prints its verdict and not the JVM's start-up warnings (NativeCodeLoader, the
 # default-profile banner). PySpark counts as a shell, and a shell whose repl logger has no level of
 # its own is told "Setting default log level to WARN": the repl logger gets the root's level.
-QUIET_LOG4J = """\
-rootLogger.level = error
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
+QUIET_LOG4J = spark_connect.log4j("error", repl="org.apache.spark.repl.Main")
 
 
 def quiet_log_config() -> Path:
