@@ -6,7 +6,7 @@ Standard library only: ``./txchaos`` runs this file before the project's virtual
 - the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes;
 - Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
 - ActiveMQ Classic and Kafka jars resolved by Maven from the pinned POMs in ``fixtures/jars``;
-- Toxiproxy's server with the trap toxics (``trapd``, ``harness/traps/relay``) built with ``go build``;
+- Toxiproxy's server with the trap toxics (``trapd``, ``harness/traps/trapd``) built with ``go build``;
 - the DTM server built with ``go build`` at a pinned release (Go caches kept under the cache);
 - the Allure command line from the npm registry, for offline HTML reports.
 

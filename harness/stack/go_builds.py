@@ -18,7 +18,7 @@ from harness.stack.cache_manifest import intact, record
 from harness.stack.install_shell import INSTALL, BootstrapError, need, run, say
 
 TOXIPROXY_VERSION = "v2.12.0"
-TRAPD_SOURCE = Path(__file__).resolve().parent.parent / "traps" / "relay"
+TRAPD_SOURCE = Path(__file__).resolve().parent.parent / "traps" / "trapd"
 DTM_VERSION = "v1.19.0"
 DTM_MODULE = "github.com/dtm-labs/dtm"
 
@@ -43,7 +43,7 @@ def trapd_path() -> Path:
 def ensure_toxiproxy(*, verify: bool = False) -> str:
     """Return the stack's Toxiproxy: its server with the trap toxics (``trapd``), built once per source version.
 
-    ``trapd`` is Toxiproxy's server built as a library (the pinned release in ``relay/go.mod``) with
+    ``trapd`` is Toxiproxy's server built as a library (the pinned release in ``trapd/go.mod``) with
     the wire-level traps inside it, so a trap costs no second hop (docs/traps.md, "Cost").
     """
     dest = trapd_path()

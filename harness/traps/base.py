@@ -1,6 +1,6 @@
 """Traps: a named wire-level crash point, what fires it, and what it does when it fires.
 
-The relay (``trapd``, Go, ``relay/``) reads each connection's protocol (``relay/pg.go``,
+The relay (``trapd``, Go, ``trapd/``) reads each connection's protocol (``trapd/pg.go``,
 ``stomp.go``, ``openwire.go``, ``kafka.go``) into hits: "this message is point P for ops {...}". It fires an armed
 ``Trap`` of the ``TrapSet`` on the hit that carries its op, or on its nth hit, and holds the
 message; the harness (``proxy.py``) then runs the trap's ``Action`` and tells the relay to drop
@@ -21,7 +21,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.protocols import TRAPPED
 
 if TYPE_CHECKING:
-    from harness.traps.trapd import Relay
+    from harness.traps.channel import Trapd
 
 # Every trap point -> its protocol, and what a service did not do when a trap on the point never
 # fired (the verdict's headline says it): both read from the one table of protocols.
@@ -133,21 +133,21 @@ class TrapSet:
         self._armed: dict[int, Trap] = {}
         self._ids = itertools.count(1)
         self._frozen: list[_Frozen] = []
-        self._relay: Relay | None = None
+        self._trapd: Trapd | None = None
         self._sid = 0
         self.firings: list[Firing] = []
         self.on_fire = on_fire
 
-    def bind(self, relay: Relay) -> int:
-        """Register this set with ``relay`` (once) and return its id there; armed traps go with it."""
+    def bind(self, daemon: Trapd) -> int:
+        """Register this set with ``daemon`` (once) and return its id there; armed traps go with it."""
         with self._lock:
-            if self._relay is None:
-                self._sid = int(relay.call("set")["set"])
-                self._relay = relay
+            if self._trapd is None:
+                self._sid = int(daemon.call("set")["set"])
+                self._trapd = daemon
                 for tid, trap in self._armed.items():
                     self._push(tid, trap)
-            elif self._relay is not relay:
-                raise HarnessError("a trap set's relay ended mid-run", hint="start the run again")
+            elif self._trapd is not daemon:
+                raise HarnessError("a trap set's trapd channel ended mid-run", hint="start the run again")
             return self._sid
 
     def arm(self, *traps: Trap) -> None:
@@ -155,18 +155,18 @@ class TrapSet:
             for trap in traps:
                 tid = next(self._ids)
                 self._armed[tid] = trap
-                if self._relay is not None:
+                if self._trapd is not None:
                     self._push(tid, trap)
 
     def _push(self, tid: int, trap: Trap) -> None:
-        assert self._relay is not None
-        self._relay.call("arm", set=self._sid, trap=tid, point=trap.point, op=trap.op or "", nth=trap.nth or 0)
+        assert self._trapd is not None
+        self._trapd.call("arm", set=self._sid, trap=tid, point=trap.point, op=trap.op or "", nth=trap.nth or 0)
 
     def disarm(self) -> None:
         with self._lock:
             self._armed.clear()
-            if self._relay is not None:
-                self._relay.call("disarm", set=self._sid)
+            if self._trapd is not None:
+                self._trapd.call("disarm", set=self._sid)
 
     @property
     def armed(self) -> tuple[Trap, ...]:
@@ -187,8 +187,8 @@ class TrapSet:
     def hits(self, point: str) -> int:
         """Return how many times ``point`` was seen on this set's proxies (a hit fires at most one trap)."""
         with self._lock:
-            relay = self._relay
-        return 0 if relay is None else int(relay.call("hits", set=self._sid, point=point)["hits"])
+            daemon = self._trapd
+        return 0 if daemon is None else int(daemon.call("hits", set=self._sid, point=point)["hits"])
 
     def freeze(self, action: Freeze, release: Callable[[], None]) -> None:
         """Stop ``action``'s process; ``release`` lets its held message go on at ``thaw()``."""

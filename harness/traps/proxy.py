@@ -4,7 +4,7 @@ In the stack's Toxiproxy (``toxiproxy=`` its API) the trap proxy is a twin of th
 ``upstream``: it forwards straight to that proxy's upstream and carries its network faults, so
 the traps add no hop. With no stack, a ``trapd serve`` of this process relays to ``upstream``.
 The relay forwards the bytes as they came (Kafka's broker addresses excepted, see
-``relay/kafka.go``) and, when a hit fires a trap, forwards the bytes before the held message and
+``trapd/kafka.go``) and, when a hit fires a trap, forwards the bytes before the held message and
 reports the firing. The harness then runs the action on a thread of its own: ``kill`` signals the
 process and then has the relay close both sides (so the held message is never delivered, even to
 a process that survives), ``drop`` closes both sides, ``freeze`` stops the process and keeps the
@@ -21,13 +21,13 @@ from types import TracebackType
 from harness.errors import ConfigError, HarnessError
 from harness.protocols import TRAPPED
 from harness.traps.base import Drop, Firing, Freeze, Kill, PidSource, TrapSet
-from harness.traps.trapd import Event, Relay, relay
+from harness.traps.channel import Event, Trapd, trapd
 
 PROTOCOLS = tuple(p.name for p in TRAPPED)  # the protocols trapd reads
 
 
 class TrapProxy:
-    """Relay ``listen`` → ``upstream`` for ``protocol``, firing ``traps``; a context manager.
+    """Trapd ``listen`` → ``upstream`` for ``protocol``, firing ``traps``; a context manager.
 
     Example::
 
@@ -56,7 +56,7 @@ class TrapProxy:
         self.traps = traps if traps is not None else TrapSet()
         self._pattern = op_pattern.pattern.decode() if op_pattern is not None else ""
         self._listen = listen
-        self._relay: Relay | None = None
+        self._trapd: Trapd | None = None
         self._id = 0
         self._address: tuple[str, int] | None = None
         self.route = ""  # the stack proxy this one twins, once started ("" when it relays to upstream)
@@ -71,9 +71,9 @@ class TrapProxy:
         return self._address
 
     def start(self) -> TrapProxy:
-        relay_ = relay(self.toxiproxy)
-        sid = self.traps.bind(relay_)
-        reply = relay_.call(
+        daemon = trapd(self.toxiproxy)
+        sid = self.traps.bind(daemon)
+        reply = daemon.call(
             "listen",
             set=sid,
             protocol=self.protocol,
@@ -81,19 +81,19 @@ class TrapProxy:
             upstream=f"{self.upstream[0]}:{self.upstream[1]}",
             pattern=self._pattern,
         )
-        self._relay, self._id, self.route = relay_, int(reply["proxy"]), str(reply.get("route", ""))
+        self._trapd, self._id, self.route = daemon, int(reply["proxy"]), str(reply.get("route", ""))
         host, _, port = str(reply["address"]).rpartition(":")
         self._address = (host, int(port))
-        relay_.on_event(self._id, self._fired)
+        daemon.on_event(self._id, self._fired)
         return self
 
     def stop(self) -> None:
         """Close the listener and every relayed connection; idempotent."""
-        relay_, self._relay = self._relay, None
-        if relay_ is not None and relay_.alive():
+        daemon, self._trapd = self._trapd, None
+        if daemon is not None and daemon.alive():
             # First: a held message released below is then dropped, never delivered late.
-            relay_.call("stop", proxy=self._id)
-            relay_.on_event(self._id, None)
+            daemon.call("stop", proxy=self._id)
+            daemon.on_event(self._id, None)
         self.traps.thaw()  # a frozen hold must not outlive the proxy
 
     def __enter__(self) -> TrapProxy:
@@ -104,12 +104,12 @@ class TrapProxy:
 
     def _fired(self, event: Event) -> None:
         """Record a firing, run its action, and tell the relay what becomes of the held message."""
-        relay_, hold = self._relay, int(event["hold"])
-        if relay_ is None:
+        daemon, hold = self._trapd, int(event["hold"])
+        if daemon is None:
             return  # stopped meanwhile: its connections are closed, the message with them
         trap = self.traps.take(int(event["trap"]))
         if trap is None:  # disarmed while the relay fired it: as if it had not fired
-            _decide(relay_, hold, release=True)
+            _decide(daemon, hold, release=True)
             return
         held = True
         try:
@@ -117,13 +117,13 @@ class TrapProxy:
             point, op = str(event["point"]), str(event["op"]) or None
             self.traps.record(Firing(point, op, int(event["conn"]), int(event["ts_ns"]), action.name, self.label))
             if isinstance(action, Freeze):
-                self.traps.freeze(action, lambda: _decide(relay_, hold, release=True))
+                self.traps.freeze(action, lambda: _decide(daemon, hold, release=True))
                 held = False  # the thaw releases it
             elif isinstance(action, Kill):
                 action.signal(signal.SIGKILL)  # before the close: the process must not see the connection end
         finally:
             if held:
-                _decide(relay_, hold, release=False)
+                _decide(daemon, hold, release=False)
 
     def _aim(self, action: Kill | Freeze | Drop) -> Kill | Freeze | Drop:
         """Return ``action`` aimed at this proxy's owner when it names no process."""
@@ -132,6 +132,6 @@ class TrapProxy:
         return action
 
 
-def _decide(relay_: Relay, hold: int, *, release: bool) -> None:
+def _decide(daemon: Trapd, hold: int, *, release: bool) -> None:
     """Tell the relay to let the held message go on (``release``) or to close its connection."""
-    relay_.call("decide", hold=hold, release=release)
+    daemon.call("decide", hold=hold, release=release)

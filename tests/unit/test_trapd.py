@@ -1,4 +1,4 @@
-"""The relay's Go tests (the readers' internals, the trap toxic inside Toxiproxy), vet and gofmt."""
+"""trapd's Go tests (the readers' internals, the trap toxic inside Toxiproxy), vet and gofmt."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.stack.go_builds import go_env
 
 def _go(*args: str) -> subprocess.CompletedProcess[str]:
     go = shutil.which("go")
-    assert go is not None, "the trap relay is built with Go: install Go 1.23+"
+    assert go is not None, "trapd is built with Go: install Go 1.23+"
     env = {**go_env(), "GOTOOLCHAIN": "local"}
     return subprocess.run([go, *args], cwd=SOURCE, env=env, capture_output=True, text=True, timeout=600)
 

@@ -62,8 +62,8 @@ def test_the_wheel_holds_every_runtime_file(wheel: Path) -> None:
     for name in ("harness/_data/docker-compose.yml", "harness/py.typed", "harness/resources.py"):
         assert name in names
     # The stack's Toxiproxy (trapd) is built from these on the user's machine.
-    relay = [f for f in _tracked("harness/traps/relay") if not f.endswith("_test.go")]
-    assert "harness/traps/relay/go.sum" in relay
+    relay = [f for f in _tracked("harness/traps/trapd") if not f.endswith("_test.go")]
+    assert "harness/traps/trapd/go.sum" in relay
     assert not [f for f in relay if f not in names], "trapd's build files are not all in the wheel"
 
 

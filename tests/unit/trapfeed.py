@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from harness.traps.trapd import binary
+from harness.traps.channel import binary
 
 Address = tuple[str, int]
 

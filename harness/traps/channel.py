@@ -1,4 +1,4 @@
-"""The trap relay, ``trapd``: Toxiproxy's server with the trap toxics (``relay/``, Go), and its control channel.
+"""The trap relay, ``trapd``: Toxiproxy's server with the trap toxics (``trapd/``, Go), and its control channel.
 
 A Python relay costs 18-25 µs of CPU a message relayed, and a relay in front of Toxiproxy a second
 hop on every round trip, which together broke the 10 % clean-path budget of a service under test
@@ -6,7 +6,7 @@ hop on every round trip, which together broke the 10 % clean-path budget of a se
 a trap proxy is a twin of the stack's proxy, forwarding straight to its upstream and carrying its
 network faults. The harness keeps the decisions that need its processes (kill, freeze, thaw) and
 its books. It reaches the engine on ``GET /trapd`` of the stack's Toxiproxy API, upgraded to a
-channel of JSON lines (``relay/control.go``); a trap with no stack runs in ``trapd serve``, a child
+channel of JSON lines (``trapd/control.go``); a trap with no stack runs in ``trapd serve``, a child
 driven over its stdin. Either way what a harness made goes when its channel closes, even when the
 harness was killed by SIGKILL.
 """
@@ -41,11 +41,11 @@ def binary() -> Path:
     return Path(_ensure())
 
 
-class Relay:
+class Trapd:
     """One control channel to ``trapd``: ``call`` sends a command and waits for its reply; events go to handlers.
 
-    ``Relay(api)`` opens the channel on the stack's Toxiproxy at ``api`` (``http://HOST:PORT``);
-    ``Relay()`` starts ``trapd serve`` for traps with no stack. Example: ``relay(api).call("set")["set"]``.
+    ``Trapd(api)`` opens the channel on the stack's Toxiproxy at ``api`` (``http://HOST:PORT``);
+    ``Trapd()`` starts ``trapd serve`` for traps with no stack. Example: ``trapd(api).call("set")["set"]``.
     """
 
     def __init__(self, api: str | None = None) -> None:
@@ -165,33 +165,33 @@ def _upgrade(api: str) -> socket.socket:
     return sock
 
 
-_relays: dict[str | None, Relay] = {}
-_relay_lock = threading.Lock()
+_daemons: dict[str | None, Trapd] = {}
+_daemons_lock = threading.Lock()
 
 
-def relay(api: str | None = None) -> Relay:
+def trapd(api: str | None = None) -> Trapd:
     """Return this process's channel to the trapd at ``api`` (None: a ``trapd serve`` of its own), opened on first use.
 
     A stack whose Toxiproxy has no trap relay (started before it existed) gets a ``trapd serve``
     in front of it instead, with a notice: the traps work, at the cost of a second hop.
     """
-    with _relay_lock:
-        found = _relays.get(api)
+    with _daemons_lock:
+        found = _daemons.get(api)
         if found is None or not found.alive():
             try:
-                found = Relay(api)
+                found = Trapd(api)
             except NoTraps as exc:
                 say(f"note: trapping through a relay of its own, a second hop: {exc}")
-                found = _relays[None] if None in _relays and _relays[None].alive() else Relay()
-                _relays[None] = found
-            _relays[api] = found
+                found = _daemons[None] if None in _daemons and _daemons[None].alive() else Trapd()
+                _daemons[None] = found
+            _daemons[api] = found
         return found
 
 
 @atexit.register
 def _stop() -> None:
-    for found in _relays.values():
+    for found in _daemons.values():
         found.close()
 
 
-__all__ = ["NoTraps", "Relay", "binary", "relay"]
+__all__ = ["NoTraps", "Trapd", "binary", "trapd"]
