@@ -12,8 +12,10 @@ import importlib
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.status import Status
 from rich.table import Table
@@ -21,6 +23,10 @@ from rich.table import Table
 from harness.cli.output import console
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
 from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
+
+if TYPE_CHECKING:
+    from harness.run.core.outcome import RunResult
+    from harness.stack.base import Endpoints
 
 
 def _seed(value: str) -> int:
@@ -145,21 +151,48 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -- runs -------------------------------------------------------------------------------------
-def cmd_run(args: argparse.Namespace) -> int:
-    from harness.reporting.plots import render_run
-    from harness.run.core.session import run_scenario
-    from harness.run.spec.files import resolve
+@contextmanager
+def _stack(provider_name: str | None) -> Iterator[Endpoints]:
+    """Yield the running stack (``$TXCHAOS_ENDPOINTS``, or the one `up` started), else one started for this command."""
     from harness.stack.selection import endpoints_from_env, load_current, make_provider
 
-    specs = resolve(args.scenario, args.seed)  # validated before any service starts
     endpoints = endpoints_from_env() or (load_current() if _stack_alive() else None)
-    provider = None
-    if endpoints is None:
-        provider = make_provider(args.provider)
-        with console.status("starting a stack for this run (use `txchaos up` to keep one running)"):
-            endpoints = provider.start()
-    worst = 0
+    if endpoints is not None:
+        yield endpoints
+        return
+    provider = make_provider(provider_name)
+    with console.status("starting a stack for this run (use `txchaos up` to keep one running)"):
+        started = provider.start()
     try:
+        yield started
+    finally:
+        provider.stop()
+
+
+def _show(result: RunResult, replay_hint: str) -> int:
+    """Print a run's verdict, folder and first witnesses; return its exit code."""
+    from harness.reporting.plots import render_run
+
+    render_run(result.run_dir)
+    verdict, spec = result.verdict, result.spec
+    colour = "green" if verdict.clean else "red"
+    console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
+    console.print(f"  run folder: {result.run_dir}")
+    for w in verdict.witnesses[:5]:
+        console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
+    if verdict.clean:
+        return 0
+    console.print(f"  replay: {replay_hint}")
+    return verdict.exit_code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.run.core.session import run_scenario
+    from harness.run.spec.files import resolve
+
+    specs = resolve(args.scenario, args.seed)  # validated before any service starts
+    worst = 0
+    with _stack(args.provider) as endpoints:
         for spec in specs:
             with console.status(f"running {spec.label} seed {spec.seed}") as status:
 
@@ -167,27 +200,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                     status.update(f"{label}: {message}")
 
                 result = run_scenario(spec, endpoints, progress=show)
-            render_run(result.run_dir)
-            verdict = result.verdict
-            colour = "green" if verdict.clean else "red"
-            console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
-            console.print(f"  run folder: {result.run_dir}")
-            for w in verdict.witnesses[:5]:
-                console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
-            if not verdict.clean:
-                # each outcome has its own code; over several runs the one that says least is kept
-                # (incomplete 4: nothing can be known, then anomalies 1, then an unfired fault 6)
-                worst = most_telling(worst, verdict.exit_code)
-                target = (
-                    args.scenario.partition(":")[0]
-                    if args.scenario.endswith(".py") or ".py:" in args.scenario
-                    else spec.name
-                )
-                console.print(f"  replay: txchaos run {target}:{spec.variant} --seed {spec.seed}")
-    finally:
-        if provider is not None:
-            provider.stop()
+            named = args.scenario.endswith(".py") or ".py:" in args.scenario
+            target = args.scenario.partition(":")[0] if named else spec.name
+            code = _show(result, f"txchaos run {target}:{spec.variant} --seed {spec.seed}")
+            # each outcome has its own code; over several runs the one that says least is kept
+            # (incomplete 4: nothing can be known, then anomalies 1, then an unfired fault 6)
+            worst = most_telling(worst, code)
     return worst
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.run.core.replay import load_steps, replay, spec_of_folder
+
+    steps = load_steps(Path(args.run_dir))  # a folder without steps is refused before any service starts
+    spec = spec_of_folder(Path(args.run_dir), args.scenario)
+    with _stack(args.provider) as endpoints, console.status(f"replaying {len(steps)} steps of {spec.label}"):
+        result = replay(spec, endpoints, steps)
+    return _show(result, f"txchaos replay {result.run_dir}")
 
 
 _RUN_CODE_RANK = (0, EXIT_UNFIRED, 1, EXIT_INCOMPLETE)  # txchaos run's exit codes, least to most telling
@@ -255,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("replay", help="run a run folder's steps (steps.jsonl) again on a fresh run of its scenario")
+    p.add_argument("run_dir")
+    p.add_argument("--scenario", default=None, help="the scenario file or name, when not the folder's own")
+    p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("flagship", help="the flagship chaos run: stack, scenarios, verified ledgers, Allure report")
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)

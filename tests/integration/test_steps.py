@@ -84,3 +84,21 @@ def test_a_kill_step_kills_a_worker_wherever_it_is_and_it_restarts(txchaos_stack
     assert who == [("crash", "worker-0"), ("worker_exit", "worker-0")]
     assert result.verdict.anomaly_free  # the fix holds under a kill at any moment
     assert load_steps(result.run_dir)[-2:] == [Kill(0), Submit(3)]
+
+
+def test_txchaos_replay_runs_a_folders_steps_again(
+    txchaos_stack: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.cli import main
+    from harness.run.spec.files import resolve
+
+    (spec,) = resolve("onepc_crash_gap:naive", 0)
+    first = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(txchaos_stack.to_json())
+    monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(endpoints))
+    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "reports"))
+    assert main(["replay", str(first.run_dir)]) == first.verdict.exit_code == 1
+    (again,) = (tmp_path / "reports" / "runs").iterdir()
+    assert load_steps(again) == load_steps(first.run_dir)
+    assert json.loads((again / "verdict.json").read_text())["anomalies"] == first.verdict.anomalies

@@ -88,3 +88,24 @@ def test_load_steps_refuses_a_folder_without_steps_and_a_damaged_line(tmp_path: 
     refused(lambda: load_steps(tmp_path), str(tmp_path), STEPS)
     (tmp_path / STEPS).write_text('{"step": "start"}\n{"step": "sub\n')
     refused(lambda: load_steps(tmp_path), f"{STEPS}:2", "damaged")
+
+
+def test_the_spec_of_a_folder_is_its_scenarios_variant_at_its_seed_with_its_timing(tmp_path: Path) -> None:
+    from harness.run.core.replay import spec_of_folder
+
+    manifest = {
+        "scenario": "onepc_crash_gap",
+        "variant": "naive",
+        "seed": 7,
+        "spec": {"settle_s": 0.2, "timeout_s": 20},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    spec = spec_of_folder(tmp_path)
+    assert (spec.label, spec.seed, spec.settle_s, spec.timeout_s) == ("onepc_crash_gap:naive", 7, 0.2, 20)
+    refused(lambda: spec_of_folder(tmp_path / "nowhere"), "manifest.json", "run folder")
+
+
+def test_txchaos_replay_refuses_a_folder_without_steps_before_any_service_starts(tmp_path: Path) -> None:
+    from harness.cli import main
+
+    assert main(["replay", str(tmp_path)]) == 2

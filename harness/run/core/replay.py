@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.run.core.folder import STEPS
 from harness.run.core.outcome import Progress, RunResult, _quiet
 from harness.run.core.session import RunSession
+from harness.run.spec.files import resolve
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Step, from_record
 from harness.stack.base import Endpoints
@@ -45,6 +47,22 @@ def load_steps(run_dir: Path) -> list[Step]:
             ) from exc
         steps.append(from_record(record))
     return steps
+
+
+def spec_of_folder(run_dir: Path, scenario: str | None = None) -> ScenarioSpec:
+    """Return the spec the run in ``run_dir`` ran: its scenario's variant at its seed, from the scenario
+    files (``scenario`` names the file or name when the folder's own is not found there), with the
+    run's settle and timeout (a state machine's examples shorten them)."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        name, variant, seed = str(manifest["scenario"]), str(manifest["variant"]), int(manifest["seed"])
+        record = manifest.get("spec", {})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} does not read: {exc}", hint="give a run folder txchaos wrote") from exc
+    (spec,) = resolve(f"{scenario or name}:{variant}", seed)
+    timing = {k: record[k] for k in ("settle_s", "timeout_s") if isinstance(record.get(k), int | float)}
+    return replace(spec, **timing)
 
 
 def replay(
