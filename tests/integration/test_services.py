@@ -138,6 +138,22 @@ def test_a_service_that_dies_by_itself_is_its_failure_not_an_anomaly(txchaos_sta
     assert (run_dir / "verdict.json").exists()  # the books were closed before the failure was raised
 
 
+def test_a_message_a_cut_off_instance_held_comes_back_before_the_books_close(
+    txchaos_stack: Endpoints, tmp_path: Path
+) -> None:
+    # The trap cuts the connection after the naive service's DB commit and output, before its ACK.
+    # Its operation is out at once; the broker gives the message back only after its redelivery
+    # delay, and a service writes no ledger saying one is pending. Closing the books then drained it
+    # as residue (stuck) instead of letting the naive service apply it twice (a state machine met it).
+    # The operations come out while the instance still runs; a short settle closed the books
+    # before it had ended and its replacement got the message back.
+    crash = Crash("stomp_before_ack", op_index=5, action="drop")
+    spec = EX.scenario("py", "naive", messages=6, crashes=(crash,), settle_s=0.2)
+    result = run_scenario(spec, txchaos_stack, runs_root=tmp_path)
+    assert "stuck" not in result.verdict.found(), result.verdict.headline()
+    assert result.verdict.ops("duplicate-effect") == {"py-naive-s0-op00005"}, result.verdict.headline()
+
+
 @pytest.mark.parametrize("name", ["py", "go", "node"])
 def test_the_service_state_machine_finds_each_naive_variant(name: str, txchaos_stack: Endpoints) -> None:
     # Found, not shrunk: shrinking a service's counterexample costs minutes of real runs; the

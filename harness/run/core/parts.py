@@ -43,6 +43,9 @@ class Processes(Protocol):
     arm_via: ClassVar[str]
     # Whether the processes may join after a backlog is submitted (a Kafka group's ``late_workers``).
     may_join_late: ClassVar[bool]
+    # Whether the processes write their deliveries to the ledger (txchaos's workers do; a team's
+    # service does not): without them a message a killed process held is seen only when it comes back.
+    ledgers_deliveries: ClassVar[bool]
     start_timeout_s: float
 
     @classmethod
@@ -119,6 +122,7 @@ class Workers:
 
     arm_via: ClassVar[str] = "crash"
     may_join_late: ClassVar[bool] = True
+    ledgers_deliveries: ClassVar[bool] = True
     start_timeout_s = 60.0
 
     def __init__(self, session: Session) -> None:

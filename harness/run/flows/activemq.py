@@ -113,6 +113,14 @@ class StageRunSession(SinkSession[Sink]):
         # replacement must settle it before the queues are drained as residue.
         if pool.wait_serving(deadline):
             self._await_settled(deadline)
+            if self.arms and not self.processes.ledgers_deliveries and self._sink is not None:
+                # A trap may have cut off or killed a service instance that had already sent its
+                # output but not its ACK: it notices a moment later, ends, and its message comes
+                # back to the instance started in its place. No ledger says a message is pending, so
+                # wait until the flow has been idle a while, or that message would be drained as
+                # residue (stuck) instead of applied again (a duplicate effect).
+                idle = _Idleness(Settlement(self.folder.path / "ledger"), pool, self._sink, IDLE_S)
+                poll_until(lambda: idle.idle(self._outbox_empty), deadline=deadline, every_s=0.05)
 
     def _nothing_more(self, sink: Sink, pool: WorkerPool) -> Callable[[int, int], bool]:
         """Return the probe: the flow idle (``_Idleness``) with some never out, or a crash loop."""

@@ -85,6 +85,7 @@ class ServiceInstances:
 
     arm_via: ClassVar[str] = "trap"  # the verdict words an unfired arm as a trap the service never reached
     may_join_late: ClassVar[bool] = False  # the service must be ready before anything is submitted
+    ledgers_deliveries: ClassVar[bool] = False  # the service writes no ledger: the broker's redelivery is the evidence
 
     def __init__(self, session: SinkSession[Any]) -> None:
         assert session.spec.service is not None  # check() refused a spec without one
