@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -95,7 +94,6 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         self.begin_example()
         spec = replace(cls.spec, seed=cls.examples, settle_s=0.2, timeout_s=min(cls.spec.timeout_s, cls.timeout_cap_s))
         self.run: S = self.open_session(spec)
-        self._faults = ExitStack()
         self.kept_faults: list[str] = []
         self.first_duplicate: tuple[int, list[str]] | None = None
         note(f"run folder: {self.run.folder.path}")

@@ -35,7 +35,8 @@ class SinkSession(RunSession, Generic[SinkT]):
 
     Quiescence is written here once: every operation out (then ``_all_out``), or the transport's
     probe (``_nothing_more``) says nothing more will come out, or the timeout. The subclass
-    supplies those two, ``_residue`` (what is still in the input) and ``_snapshot_effects``; the
+    supplies those two, ``_residue`` (the book of what is still in the input) and ``_effects`` (its
+    other books); the
     sink and the transport are healed here.
     """
 
