@@ -6,7 +6,10 @@ database and then the broker. The worker is SIGKILLed at ``after_db_commit`` on 
 
 - ``naive``: the redelivery inserts the effect again          -> duplicate-effect
 - ``naive-unique``: the unique key refuses it, the flow stops  -> dead-lettered-with-effect
-- ``check-then-skip``: finds the effect, re-emits the message  -> clean
+- ``check-then-skip``: finds the effect, re-emits the message  -> clean (but racy with two
+  workers: ``scenarios/soak_scenario.py`` catches it; the next two hold there)
+- ``check-then-skip-unique``: the same on the table with a unique key -> clean
+- ``check-then-skip-locked``: the same under an advisory lock on the op -> clean
 
 Run it: ``txchaos run onepc_crash_gap[:VARIANT] --seed N`` or ``pytest scenarios/``.
 """
@@ -40,6 +43,8 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         spec("naive", "naive", {"duplicate-effect"}, **onepc_on()),
         spec("naive-unique", "naive", {"dead-lettered-with-effect"}, **onepc_on("onepc_effects_unique")),
         spec("check-then-skip", "check_then_skip", **onepc_on()),
+        spec("check-then-skip-unique", "check_then_skip", **onepc_on("onepc_effects_unique")),
+        spec("check-then-skip-locked", "check_then_skip_locked", **onepc_on()),
     )
 
 

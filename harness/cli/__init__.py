@@ -12,8 +12,7 @@ import importlib
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,12 +20,12 @@ from rich.status import Status
 from rich.table import Table
 
 from harness.cli.output import console
+from harness.cli.stacks import running_stack, stack_alive
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
 from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
 
 if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
-    from harness.stack.base import Endpoints
 
 
 def _seed(value: str) -> int:
@@ -43,7 +42,7 @@ def _seed(value: str) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from harness.stack.selection import load_current, make_provider, save_current
 
-    if load_current() is not None and _stack_alive():
+    if load_current() is not None and stack_alive():
         raise ConfigError("a stack is already up", hint="`txchaos status` shows it; `txchaos down` stops it")
     provider = make_provider(args.provider, detached=True)
     with console.status(f"starting the {provider.name} stack (Postgres, ActiveMQ, Kafka, DTM, Toxiproxy)"):
@@ -78,20 +77,6 @@ def _print_endpoints(endpoints: object) -> None:
     console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})")
     if endpoints.dtm is not None:
         console.print(f"dtm server:   {endpoints.dtm_url}")
-
-
-def _stack_alive() -> bool:
-    from harness.clients.toxiproxy import ToxiproxyAdmin
-    from harness.stack.selection import load_current
-
-    ep = load_current()
-    if ep is None:
-        return False
-    try:
-        ToxiproxyAdmin(ep.toxiproxy_api).version()
-    except TxChaosError:
-        return False
-    return True
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -132,7 +117,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(f"stack [bold]{ep.stack_id}[/] ({ep.provider}), state in {ep.state_dir}")
     _print_endpoints(ep)
     checks: dict[str, Callable[[], bool]] = {
-        "toxiproxy": _stack_alive,
+        "toxiproxy": stack_alive,
         "postgres": lambda: db.ping(ep.postgres_url),
         "activemq": stomp_connected(ep.stomp.host, ep.stomp.port),
         "kafka": lambda: kafka.broker_ready(ep.kafka.address, 2.0),
@@ -151,24 +136,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -- runs -------------------------------------------------------------------------------------
-@contextmanager
-def _stack(provider_name: str | None) -> Iterator[Endpoints]:
-    """Yield the running stack (``$TXCHAOS_ENDPOINTS``, or the one `up` started), else one started for this command."""
-    from harness.stack.selection import endpoints_from_env, load_current, make_provider
-
-    endpoints = endpoints_from_env() or (load_current() if _stack_alive() else None)
-    if endpoints is not None:
-        yield endpoints
-        return
-    provider = make_provider(provider_name)
-    with console.status("starting a stack for this run (use `txchaos up` to keep one running)"):
-        started = provider.start()
-    try:
-        yield started
-    finally:
-        provider.stop()
-
-
 def _show(result: RunResult, replay_hint: str) -> int:
     """Print a run's verdict, folder and first witnesses; return its exit code."""
     from harness.reporting.plots import render_run
@@ -192,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     specs = resolve(args.scenario, args.seed)  # validated before any service starts
     worst = 0
-    with _stack(args.provider) as endpoints:
+    with running_stack(args.provider) as endpoints:
         for spec in specs:
             with console.status(f"running {spec.label} seed {spec.seed}") as status:
 
@@ -214,7 +181,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     steps = load_steps(Path(args.run_dir))  # a folder without steps is refused before any service starts
     spec = spec_of_folder(Path(args.run_dir), args.scenario)
-    with _stack(args.provider) as endpoints, console.status(f"replaying {len(steps)} steps of {spec.label}"):
+    with running_stack(args.provider) as endpoints, console.status(f"replaying {len(steps)} steps of {spec.label}"):
         result = replay(spec, endpoints, steps)
     return _show(result, f"txchaos replay {result.run_dir}")
 
@@ -284,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
     p.set_defaults(func=cmd_run)
+
+    from harness.cli.soak import add_parser as add_soak
+
+    add_soak(sub, _seed)
 
     p = sub.add_parser("replay", help="run a run folder's steps (steps.jsonl) again on a fresh run of its scenario")
     p.add_argument("run_dir")

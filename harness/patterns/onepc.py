@@ -74,9 +74,25 @@ def naive(ctx: HandlerContext) -> None:
 
 
 def check_then_skip(ctx: HandlerContext) -> None:
-    """Apply the effect unless it is already there; always re-emit the outgoing message."""
+    """Apply the effect unless it is already there; always re-emit the outgoing message.
+
+    Racy on a table without a unique key: a redelivery that reaches a second worker while the
+    first is still in its transaction reads no effect and applies it again (a soak with two
+    workers and a broker reset finds it; one worker never does). ``check_then_skip_locked`` and
+    the unique table close the race.
+    """
     table = _table(ctx)
-    # FOR UPDATE is not needed for one delivery at a time; the unique constraint guards the rest.
     found = ctx.db.execute(text(f"SELECT 1 FROM {table} WHERE op_id = :op LIMIT 1"), {"op": ctx.op}).first()
     apply = partial(apply_effect, ctx, table)
     skip_or_apply(ctx, applied=found is not None, table=table, reason="effect already applied", apply=apply)
+
+
+def check_then_skip_locked(ctx: HandlerContext) -> None:
+    """``check_then_skip`` under a transaction-scoped advisory lock on the operation id.
+
+    ``SELECT ... FOR UPDATE`` cannot lock a row that does not exist yet; the advisory lock makes a
+    second delivery of the same operation wait until the first one's transaction ends, and then
+    its check sees the committed effect.
+    """
+    ctx.db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:op))"), {"op": ctx.op})
+    check_then_skip(ctx)

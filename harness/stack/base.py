@@ -26,6 +26,10 @@ class Endpoint:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def direct(self) -> Endpoint:
+        """Return this endpoint with the proxy skipped: the harness's own connections during a soak's nemesis."""
+        return Endpoint(self.upstream_host, self.upstream_port, self.proxy, self.upstream_host, self.upstream_port)
+
 
 @dataclass(frozen=True)
 class Endpoints:

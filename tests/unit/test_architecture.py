@@ -32,7 +32,7 @@ LAYERS = [
     {"stack", "clients", "traps"},
     {"ledger", "worker", "patterns", "faults"},
     {"verify"},
-    {"run", "machines"},
+    {"run", "machines", "soak"},
     {"reporting", "bench"},
     {"cli", "pytest_plugin"},
 ]

@@ -74,7 +74,13 @@ class RunSession:
         return object.__new__(cls)
 
     def __init__(
-        self, spec: ScenarioSpec, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = _quiet
+        self,
+        spec: ScenarioSpec,
+        endpoints: Endpoints,
+        *,
+        runs_root: Path | None = None,
+        progress: Progress = _quiet,
+        bypass_faults: bool = False,
     ) -> None:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
@@ -95,6 +101,9 @@ class RunSession:
         self.spec = spec
         self.endpoints = endpoints
         self.progress = progress
+        # The harness's own broker connections (the producer that submits, the sink that reads) skip
+        # the proxy where the transport allows it, so a soak's nemesis cuts the system under test only.
+        self.bypass_faults = bypass_faults
         self.folder = RunFolder.create(spec.name, spec.variant, spec.seed, runs_root)
         self.ledger = LedgerWriter(self.folder.path / "ledger", "driver")
         self.ns = f"txchaos.{self.folder.run_id}"
@@ -152,6 +161,13 @@ class RunSession:
 
     def wait_idle(self) -> None:
         """Wait until the operations so far are done (drive() calls it around one submitted alone)."""
+
+    def out_count(self) -> int | None:
+        """Return how many operations came out so far (None: the flow cannot tell while it runs).
+
+        A soak's closed loop keeps submitted minus out under its window; its progress shows it.
+        """
+        return None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self, *, start_workers: bool = True) -> Self:

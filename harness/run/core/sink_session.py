@@ -24,6 +24,7 @@ from harness.run.transports.base import Transport
 class _Sink(Protocol):
     def check(self) -> None: ...
     def accounted(self) -> set[str]: ...
+    def count(self) -> int: ...
     def stop(self, *, idle_s: float = 0.3) -> None: ...
 
 
@@ -71,6 +72,10 @@ class SinkSession(RunSession, Generic[SinkT]):
         the processes' own (a service's body template), else the fields as JSON."""
         body = self.processes.body(fields)
         return json.dumps(fields) if body is None else body
+
+    def out_count(self) -> int | None:
+        sink = self._sink
+        return None if sink is None else sink.count()
 
     def _all_out(self, pool: WorkerPool, deadline: float) -> None:
         """Let what follows every operation out settle (a replaced worker's redelivery)."""

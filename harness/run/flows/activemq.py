@@ -51,12 +51,13 @@ class StageRunSession(SinkSession[Sink]):
         if self.spec.service is not None:
             # A service's inner queues are read like stage queues: residue, and their dead letters.
             self.stage_queues.extend(self.spec.service.inner_queues(self.input_queue))
-        self.transport = ActiveMQTransport(self.endpoints.stomp, self.folder)
+        self.own_stomp = self.endpoints.stomp.direct() if self.bypass_faults else self.endpoints.stomp
+        self.transport = ActiveMQTransport(self.own_stomp, self.folder)
 
     # -- hooks ---------------------------------------------------------------------------------
     def _provision(self) -> None:
         output = self.output_queue if self.spec.contract.expects_downstream else None
-        self._sink = Sink(self.endpoints.stomp, self.ledger, input_queues=self.stage_queues, output_queue=output)
+        self._sink = Sink(self.own_stomp, self.ledger, input_queues=self.stage_queues, output_queue=output)
         self._sink.start()
         self.transport.create(self.stage_queues)
 
@@ -153,8 +154,12 @@ class StageRunSession(SinkSession[Sink]):
     def _await_settled(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
         settlement = Settlement(self.folder.path / "ledger")
-        if not poll_until(lambda: not settlement.unsettled(), deadline=deadline):
-            self.folder.step(f"quiescence: {len(settlement.unsettled())} delivered message(s) never settled")
+
+        def out() -> set[str]:
+            return self._sink.accounted() if self._sink is not None else set()
+
+        if not poll_until(lambda: not settlement.unsettled(out()), deadline=deadline):
+            self.folder.step(f"quiescence: {len(settlement.unsettled(out()))} delivered message(s) never settled")
 
     def _outbox_empty(self) -> bool:
         outbox, engine = self.spec.outbox_table, self._engine
@@ -201,7 +206,7 @@ class _Idleness:
         busy = (
             self.pool.restarts != self._restarts
             or not self.pool.serving()
-            or bool(self.settlement.unsettled())
+            or bool(self.settlement.unsettled(self.sink.accounted()))
             or bool(self.settlement.given_back(self.sink.accounted()))
         )
         self._restarts = self.pool.restarts

@@ -43,6 +43,9 @@ class Settlement:
         self._settled_by: defaultdict[str, dict[int, int]] = defaultdict(dict)
         self._op_delivered: dict[str, int] = {}  # op -> ts_ns of its latest delivery, any stage
         self._op_nacked: dict[str, int] = {}  # op -> ts_ns of its latest NACK, any stage
+        self._msg_op: dict[str, str] = {}  # msg -> its operation
+        # msg -> pid -> seq of that process's latest fatal error on it: the process died in doubt
+        self._died_on: defaultdict[str, dict[int, int]] = defaultdict(dict)
         self.last_event = time.monotonic()  # when the ledger last grew (monotonic clock)
 
     def _read(self) -> None:
@@ -57,19 +60,33 @@ class Settlement:
                 seen = (ts, pid, seq)
                 self._latest[msg] = max(self._latest.get(msg, seen), seen)
                 if op is not None:
+                    self._msg_op[msg] = op
                     self._op_delivered[op] = max(self._op_delivered.get(op, ts), ts)
             elif kind in _SETTLED or _given_back_by_nack(event):
                 settled = self._settled_by[msg]
                 settled[pid] = max(settled.get(pid, seq), seq)
                 if kind != Kind.BROKER_COMMIT and op is not None:
                     self._op_nacked[op] = max(self._op_nacked.get(op, ts), ts)
+            elif kind == Kind.ERROR and json.loads(event.get("detail") or "{}").get("fatal") is True:
+                died = self._died_on[msg]
+                died[pid] = max(died.get(pid, seq), seq)
         if grew:
             self.last_event = time.monotonic()
 
-    def unsettled(self) -> set[str]:
-        """Return the message ids whose latest delivery has no commit or NACK by its receiver since."""
+    def unsettled(self, out: set[str] | frozenset[str] = frozenset()) -> set[str]:
+        """Return the message ids whose latest delivery has no commit or NACK by its receiver since.
+
+        A delivery whose receiver then died of a fatal error (its broker connection cut in the
+        middle of the commit: the commit is in doubt) counts as settled once its operation is
+        ``out``: the broker took that commit, or a redelivery (a later delivery) will say otherwise.
+        """
         self._read()
-        return {msg for msg, (_, pid, seq) in self._latest.items() if self._settled_by[msg].get(pid, -1) < seq}
+        return {
+            msg
+            for msg, (_, pid, seq) in self._latest.items()
+            if self._settled_by[msg].get(pid, -1) < seq
+            and not (self._died_on[msg].get(pid, -1) > seq and self._msg_op.get(msg) in out)
+        }
 
     def given_back(self, out: set[str]) -> set[str]:
         """Return the operations NACKed since their latest delivery and not in ``out`` (came out).

@@ -59,6 +59,11 @@ class SinkBase:
         with self._lock:
             return set(self.seen)
 
+    def count(self) -> int:
+        """Return how many operations came out so far (without copying them, as ``accounted`` does)."""
+        with self._lock:
+            return len(self.seen)
+
     def quiet_s(self) -> float:
         """Return how long nothing has arrived."""
         with self._lock:

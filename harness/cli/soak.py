@@ -1,0 +1,143 @@
+"""``txchaos soak SCENARIO[:VARIANT]``: a long run under a nemesis, one ledger judged by both engines.
+
+Options mirror ``Soak`` (``harness.soak``): ``--duration 10m`` or ``--ops N``, ``--workers K``,
+``--rate R`` (open loop; none: as fast as the flow goes), ``--seed S``, ``--nemesis`` (``default``,
+``none``, a comma list of kinds, or a soak folder's ``nemesis.json`` to run that schedule again),
+``--provider`` and ``--master`` (the Spark verification's master; ``--engine in-process`` skips
+Spark). Exit codes as ``txchaos run``; an interrupted soak exits 3 (4 when its evidence is
+incomplete) after it healed, closed its books and printed what it judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.cli.output import console
+from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.soak.driver import SoakResult
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: object) -> None:
+    p = sub.add_parser("soak", help="a long run of SCENARIO[:VARIANT] under a fault schedule; one verdict")
+    p.add_argument("scenario")
+    bound = p.add_mutually_exclusive_group()
+    bound.add_argument("--duration", default=None, help="how long to submit: 90s, 10m, 1h (default 60s)")
+    bound.add_argument("--ops", type=int, default=None, help="how many operations to submit")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (a service's instances); default 2")
+    p.add_argument("--rate", type=float, default=None, help="operations a second (open loop); default: closed loop")
+    p.add_argument("--seed", type=seed, default=0)  # type: ignore[arg-type]
+    p.add_argument(
+        "--nemesis",
+        default="default",
+        help="default | none | a comma list of latency,reset,partition,timeout,kill,crash,broker,postgres "
+        "| a soak folder's nemesis.json",
+    )
+    p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
+    p.add_argument("--engine", choices=("spark", "in-process"), default="spark", help="the second verification")
+    p.add_argument("--master", default=None, help="Spark master for the verification (default local[*])")
+    p.set_defaults(func=cmd_soak)
+
+
+def build_soak(args: argparse.Namespace) -> object:
+    """Return the ``Soak`` the arguments describe; every bad value is refused here, before any service starts."""
+    from harness.run.spec.files import resolve
+    from harness.soak.nemesis import SCHEDULE_FILE, Schedule, parse_kinds
+    from harness.soak.spec import Soak, parse_duration
+
+    specs = resolve(args.scenario, args.seed)
+    if len(specs) != 1:
+        raise ConfigError(
+            f"soak {args.scenario!r} names {len(specs)} variants",
+            hint=f"name one: {', '.join(f'{s.name}:{s.variant}' for s in specs[:4])}",
+        )
+    nemesis: tuple[str, ...] | Schedule
+    given = Path(args.nemesis)
+    if args.nemesis.endswith(".json") or given.is_dir():
+        path = given / SCHEDULE_FILE if given.is_dir() else given
+        if not path.is_file():
+            raise ConfigError(
+                f"--nemesis {args.nemesis}: no such schedule", hint=f"pass a soak folder's {SCHEDULE_FILE}"
+            )
+        nemesis = Schedule.from_records(json.loads(path.read_text()))
+    else:
+        nemesis = parse_kinds(args.nemesis)
+    duration = parse_duration(args.duration) if args.duration is not None else None
+    return Soak(
+        specs[0],
+        ops=args.ops,
+        duration_s=duration,
+        workers=args.workers,
+        rate=args.rate,
+        seed=args.seed,
+        nemesis=nemesis,
+    )
+
+
+def cmd_soak(args: argparse.Namespace) -> int:
+    from harness.cli.stacks import running_stack
+    from harness.soak.driver import run_soak
+    from harness.soak.spec import Soak
+
+    soak = build_soak(args)
+    assert isinstance(soak, Soak)
+    with running_stack(args.provider) as endpoints:
+        with console.status(soak.label) as status:
+            result = run_soak(soak, endpoints, progress=lambda line: status.update(line))
+        code = show_soak(result)
+        if args.engine == "spark" and result.verdict.outcome != "incomplete":
+            code = max(code, _spark_agrees(result, args.master))
+    if result.stats.interrupted:
+        return 4 if result.verdict.outcome == "incomplete" else 3
+    return code
+
+
+def show_soak(result: SoakResult) -> int:
+    """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
+    from harness.reporting.plots import render_run
+
+    render_run(result.run_dir)
+    stats, verdict = result.stats, result.verdict
+    colour = "green" if verdict.clean else "red"
+    console.print(f"[bold]{result.soak.label}[/]: [{colour}]{verdict.headline()}[/]")
+    console.print(
+        f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; submitting "
+        f"{stats.submit_s:.1f}s, closing {stats.close_s:.1f}s); {stats.windows} fault window(s), "
+        f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed; "
+        f"driver peak RSS {stats.driver_peak_rss_mb:.0f} MB"
+    )
+    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl)")
+    from harness.soak.driver import witness_sample
+
+    for anomaly, witnesses in witness_sample(verdict).items():
+        for w in witnesses:
+            during = ", ".join(str(f.get("name", f)) for f in w["faults"]) or "no fault window"
+            console.print(f"  {anomaly}: op {w['op']} during {during}")
+    if stats.interrupted:
+        console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
+    if not verdict.clean:
+        console.print(f"  again: txchaos soak ... --nemesis {result.run_dir / 'nemesis.json'}")
+    return 0 if verdict.clean else verdict.exit_code
+
+
+def _spark_agrees(result: SoakResult, master: str | None) -> int:
+    """Verify the soak's folder with Spark too; return 3 when the engines disagree, else 0."""
+    from harness.verify.assemble import compare_verdicts
+    from harness.verify.cli import verify_run
+
+    started = time.monotonic()
+    with console.status("verifying the ledger with Spark"):
+        spark = verify_run(result.run_dir, engine="spark", master=master)
+    diffs = compare_verdicts(result.verdict, spark)
+    took = time.monotonic() - started
+    if diffs:
+        console.print(f"[red]  Spark disagrees ({took:.1f}s): {'; '.join(diffs[:3])}[/]")
+        return 3
+    job = spark.timing.get("job_s", 0.0)
+    console.print(f"  Spark agrees: {took:.1f}s (job {job:.1f}s); in-process verdict in verdict.json")
+    return 0

@@ -1,0 +1,291 @@
+"""Drive a soak: submit for its length at its pace, apply the nemesis as it falls due, judge once.
+
+``run_soak`` opens one ``RunSession`` of the scenario's flow (any flow ``txchaos run`` runs), so
+the run is an ordinary run folder: a ledger, ``steps.jsonl`` (every submission, fault and kill as
+applied, a crash's resolved operation included), a verdict. Each tick (``Soak.tick_s``) it applies
+the schedule's steps that are due, submits what the pace allows (the rate's share, or up to the
+closed loop's window of operations in flight) and reports progress. At the end, or on Ctrl-C /
+SIGTERM, it heals what is open, thaws what is frozen, lets the flow quiesce and closes the books:
+an interrupted soak still says what it judged, and its folder verifies again to the same verdict.
+
+>>> result = run_soak(Soak(spec, duration_s=60, workers=2), endpoints, progress=print)
+>>> result.verdict.found(), result.stats.ops_per_s
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.protocols import proxies
+from harness.run.core.outcome import RunResult
+from harness.run.core.session import RunSession
+from harness.run.spec.scenario import ScenarioSpec
+from harness.run.spec.steps import Heal, Kill, Open, Step, Submit, Thaw, describe
+from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
+from harness.soak.spec import Soak
+from harness.stack.base import Endpoints
+from harness.verify.verdict import Verdict
+
+SUMMARY = "soak.json"
+PACE_LOG = "soak-progress.jsonl"
+WITNESSES_PER_CLASS = 5
+OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
+# The protocol whose proxy a flow's broker faults open on, by transport.
+_BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka"}
+_BROKER_SERVICE = {"activemq": "activemq", "kafka": "kafka"}
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SoakStats:
+    """What a soak did and what it cost: counts, seconds, throughput end to end, the driver's peak RSS."""
+
+    submitted: int
+    windows: int
+    kills: int
+    crashes_armed: int
+    submit_s: float  # first submission to last
+    close_s: float  # the final heal, quiescence, the books and the verdict
+    wall_s: float  # first submission to verdict: what ops_per_s divides by
+    driver_peak_rss_mb: float
+    interrupted: bool
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.submitted / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SoakResult:
+    """A judged soak: its run (folder, verdict, spec), its schedule and its stats."""
+
+    run: RunResult
+    soak: Soak
+    schedule: Schedule
+    stats: SoakStats
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.run.verdict
+
+
+def soak_spec(soak: Soak) -> ScenarioSpec:
+    """Return the scenario as the soak runs it: its seed and workers, no scripted crash or window."""
+    base = soak.scenario
+    fields: dict[str, Any] = {"seed": soak.seed, "crashes": (), "faults": (), "poison": frozenset()}
+    fields["messages"] = min(soak.ops or 1_000_000, 1_000_000)
+    fields["timeout_s"] = soak.quiesce_s
+    if base.service is not None:
+        fields["service"] = replace(base.service, instances=soak.workers)
+    elif "workers" in base.flow.accepts:
+        fields["workers"] = soak.workers
+    return replace(base, **fields)
+
+
+def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
+    """Return the soak's schedule: the one it was given, or one drawn from its kinds and seed."""
+    if isinstance(soak.nemesis, Schedule):
+        return soak.nemesis
+    if not soak.nemesis:
+        return NONE
+    transport = spec.flow.transport.removeprefix("service_")
+    targets = proxies(_BROKER_PROTOCOL.get(transport, "stomp"), "postgres")
+    instances = spec.service.instances if spec.service is not None else max(1, spec.workers)
+    # By operations, the run may take longer than estimated: draw enough to keep the nemesis busy.
+    length = soak.length_s if soak.duration_s is not None else soak.length_s * 4
+    points = tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
+    return plan(
+        soak.nemesis,
+        seed=soak.seed,
+        length_s=length,
+        targets=targets,
+        broker=_BROKER_SERVICE.get(transport, "activemq"),
+        instances=instances,
+        points=points if spec.service is None else (),
+        pace=soak.pace,
+    )
+
+
+class _Driver:
+    """One soak's loop over an open session."""
+
+    def __init__(self, soak: Soak, session: RunSession, schedule: Schedule, progress: Progress) -> None:
+        self.soak, self.session, self.progress = soak, session, progress
+        self.due: list[Timed] = list(schedule.entries)
+        self.open_faults: list[str] = []
+        self.kills = self.arms = self.windows = 0
+        self.first = self.last = 0.0
+        self.anomalies_seen = 0
+        self._next_report = 0.0
+        self._next_anomaly_check = 0.0
+        self._pace = (Path(session.folder.path) / PACE_LOG).open("a")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.first
+
+    def submitting(self) -> bool:
+        soak, n = self.soak, len(self.session.ops)
+        if soak.ops is not None:
+            return n < soak.ops
+        return self.elapsed() < (soak.duration_s or soak.length_s)
+
+    def target(self) -> int:
+        """How many operations should be out of the driver by now."""
+        soak, session = self.soak, self.session
+        limit = soak.ops if soak.ops is not None else 10**12
+        out = session.out_count()
+        if soak.rate is not None or out is None:
+            rate = soak.rate or OPEN_LOOP_DEFAULT
+            return min(limit, int(rate * self.elapsed()) + 1)
+        return min(limit, out + soak.in_flight)
+
+    def apply(self, step: Step | ArmAhead) -> None:
+        session = self.session
+        if isinstance(step, ArmAhead):
+            step = step.resolve(len(session.ops))
+            self.arms += 1
+        elif isinstance(step, Open):
+            self.open_faults.append(describe(step).removeprefix("open "))
+            self.windows += 1
+        elif isinstance(step, Heal):
+            self.open_faults.clear()
+        elif isinstance(step, Kill):
+            self.kills += 1
+        session.apply(step)
+
+    def tick(self) -> None:
+        now = self.elapsed()
+        while self.due and self.due[0].at_s <= now:
+            self.apply(self.due.pop(0).step)
+        want = self.target() - len(self.session.ops)
+        if want > 0 and self.submitting():
+            self.apply(Submit(min(want, 20_000)))
+            self.last = time.monotonic()
+        self.report(now)
+
+    def report(self, now: float, *, force: bool = False) -> None:
+        if now < self._next_report and not force:
+            return
+        self._next_report = now + 1.0
+        session = self.session
+        if now >= self._next_anomaly_check:  # a GROUP BY over the effect table: not every second
+            self._next_anomaly_check = now + 10.0
+            try:
+                self.anomalies_seen = len(session.duplicate_effects())
+            except Exception:  # the database behind a fault: keep the last count, ask again later
+                self._next_anomaly_check = now + 1.0
+        out = session.out_count()
+        line = {
+            "t": round(now, 2),
+            "submitted": len(session.ops),
+            "out": out,
+            "open": list(self.open_faults),
+            "restarts": session.restarts,
+            "duplicates": self.anomalies_seen,
+        }
+        self._pace.write(json.dumps(line) + "\n")
+        self._pace.flush()
+        rate = len(session.ops) / now if now > 0 else 0.0
+        faults = ", ".join(self.open_faults) or "none"
+        self.progress(
+            f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "
+            f"{rate:,.0f} ops/s  faults open: {faults}  restarts {session.restarts}  "
+            f"duplicate effects so far {self.anomalies_seen}"
+        )
+
+    def run(self) -> bool:
+        """Submit and apply the schedule until the soak's length; return True when interrupted."""
+        self.first = self.last = time.monotonic()
+        try:
+            while self.submitting():
+                started = time.monotonic()
+                self.tick()
+                time.sleep(max(0.0, self.soak.tick_s - (time.monotonic() - started)))
+        except KeyboardInterrupt:
+            self.progress("interrupted: healing, quiescence, closing the books")
+            return True
+        return False
+
+    def finish(self) -> None:
+        """The final heal and thaw (recorded as steps), before quiescence."""
+        self.report(self.elapsed(), force=True)
+        self._pace.close()
+        self.session.apply(Heal())
+        self.session.apply(Thaw())
+        self.open_faults.clear()
+
+
+def run_soak(
+    soak: Soak, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = print
+) -> SoakResult:
+    """Run ``soak`` on ``endpoints`` and return its judged result (one run folder, one verdict)."""
+    spec = soak_spec(soak)
+    schedule = schedule_of(soak, spec)
+    session = RunSession(spec, endpoints, runs_root=runs_root, progress=lambda _: None, bypass_faults=True)
+    schedule.write(session.folder.path)
+    progress(f"{soak.label}: {schedule.windows} fault window(s) scheduled; run folder {session.folder.path}")
+    driver = _Driver(soak, session, schedule, progress)
+    with session:  # opens the run; heals it (workers, faults, clients) on the way out, whatever happens
+        interrupted = driver.run()
+        driver.finish()
+        closing = time.monotonic()
+        progress(f"{len(session.ops):,} submitted; quiescence and verification (at most {soak.quiesce_s:g}s)")
+        result = session.close()
+    ended = time.monotonic()
+    stats = SoakStats(
+        submitted=len(session.ops),
+        windows=driver.windows,
+        kills=driver.kills,
+        crashes_armed=driver.arms,
+        submit_s=round(driver.last - driver.first, 3),
+        close_s=round(ended - closing, 3),
+        wall_s=round(ended - driver.first, 3),
+        driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        interrupted=interrupted,
+    )
+    soaked = SoakResult(result, soak, schedule, stats)
+    write_summary(soaked)
+    return soaked
+
+
+def witness_sample(verdict: Verdict, per_class: int = WITNESSES_PER_CLASS) -> dict[str, list[dict[str, Any]]]:
+    """Return up to ``per_class`` witnesses of each anomaly class, each with its overlapping fault windows."""
+    sample: dict[str, list[dict[str, Any]]] = {}
+    for w in verdict.witnesses:
+        picked = sample.setdefault(w.anomaly, [])
+        if len(picked) < per_class:
+            picked.append({"op": w.op, "msg_ids": list(w.msg_ids), "summary": w.summary, "faults": list(w.faults)})
+    return sample
+
+
+def write_summary(result: SoakResult) -> Path:
+    """Write ``soak.json``: the soak's parameters, stats, counts per class and a witness sample."""
+    soak, verdict = result.soak, result.verdict
+    record = {
+        "label": soak.label,
+        "scenario": soak.scenario.label,
+        "ops": soak.ops,
+        "duration_s": soak.duration_s,
+        "workers": soak.workers,
+        "rate": soak.rate,
+        "seed": soak.seed,
+        "nemesis": list(result.schedule.kinds),
+        "stats": {**asdict(result.stats), "ops_per_s": round(result.stats.ops_per_s, 1)},
+        "outcome": verdict.outcome,
+        "counts": verdict.found(),
+        "witnesses": witness_sample(verdict),
+    }
+    path = result.run_dir / SUMMARY
+    path.write_text(json.dumps(record, indent=1, default=str))
+    return path

@@ -1,0 +1,98 @@
+"""``Soak``: what a soak run is, validated before any service starts.
+
+A soak drives one scenario variant (any flow ``txchaos run`` runs) for ``ops`` operations or
+``duration_s`` seconds with ``workers`` processes (a service's instances), at ``rate`` operations
+a second (open loop) or as fast as the flow goes (closed loop: at most ``window`` operations in
+flight), under a nemesis schedule, and judges one ledger at the end.
+
+>>> Soak(spec, ops=100_000, workers=4, nemesis=("latency", "kill"))
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harness.errors import ConfigError
+from harness.run.spec.checks import check_int, check_seconds
+from harness.run.spec.scenario import ScenarioSpec
+from harness.soak.nemesis import DEFAULT, KINDS, Pace, Schedule
+
+MAX_OPS = 10_000_000
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Return the seconds ``text`` says: ``90``, ``90s``, ``10m``, ``1.5h``."""
+    match = _DURATION.match(text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigError(f"duration {text!r} is not a length of time", hint="write e.g. 90s, 10m or 1h")
+    return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+
+
+@dataclass(frozen=True)
+class Soak:
+    """One soak of ``scenario`` (a ``ScenarioSpec``: its crashes and fault windows are not used).
+
+    Exactly one of ``ops`` and ``duration_s`` bounds it (neither: 60 seconds). ``nemesis``: the
+    kinds a seeded schedule draws from (``harness.soak.nemesis.KINDS``; ``()`` for the clean path)
+    or a ready ``Schedule`` (a folder's ``nemesis.json``, to run one again).
+    """
+
+    scenario: ScenarioSpec
+    ops: int | None = None
+    duration_s: float | None = None
+    workers: int = 2
+    rate: float | None = None
+    seed: int = 0
+    nemesis: tuple[str, ...] | Schedule = DEFAULT
+    pace: Pace = Pace()  # noqa: RUF009  (a frozen value)
+    window: int = 0  # closed loop: operations in flight at most (0: 100 per worker, at least 500)
+    quiesce_s: float = 120.0  # after the last submission and the final heal: how long the flow may take
+    tick_s: float = 0.25  # how often the driver submits, applies what is due and reports
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scenario, ScenarioSpec):
+            raise ConfigError(f"soak of {self.scenario!r}", hint="pass a ScenarioSpec (harness.ScenarioSpec)")
+        if self.ops is not None and self.duration_s is not None:
+            raise ConfigError(
+                f"soak ops={self.ops} and duration_s={self.duration_s}", hint="bound a soak by one of them"
+            )
+        if self.ops is not None:
+            check_int("soak ops", self.ops, 1, MAX_OPS)
+        if self.duration_s is not None:
+            check_seconds("soak duration_s", self.duration_s, 0, 7 * 24 * 3600, above_low=True)
+        check_int("soak workers", self.workers, 1, 16)
+        if self.rate is not None:
+            check_seconds("soak rate (ops/s)", self.rate, 0, 1_000_000, above_low=True)
+        check_int("soak seed", self.seed, 0, 2**63 - 1)
+        check_int("soak window", self.window, 0, 1_000_000)
+        check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)
+        check_seconds("soak tick_s", self.tick_s, 0.01, 10)
+        if not isinstance(self.nemesis, Schedule):
+            unknown = [k for k in self.nemesis if k not in KINDS]
+            if unknown or isinstance(self.nemesis, str):
+                raise ConfigError(
+                    f"soak nemesis={self.nemesis!r}", hint=f"a tuple of {', '.join(KINDS)} (or () for none)"
+                )
+
+    @property
+    def length_s(self) -> float:
+        """The seconds the schedule covers: the duration, else an estimate from the rate (or 60 s)."""
+        if self.duration_s is not None:
+            return self.duration_s
+        if self.ops is not None and self.rate is not None:
+            return self.ops / self.rate
+        return 60.0 if self.ops is None else max(60.0, self.ops / 100)
+
+    @property
+    def in_flight(self) -> int:
+        """The closed loop's window: operations submitted and not yet out, at most."""
+        return self.window or max(500, 100 * self.workers)
+
+    @property
+    def label(self) -> str:
+        bound = f"{self.ops:,} ops" if self.ops is not None else f"{self.length_s:g}s"
+        pace = f"{self.rate:g} ops/s" if self.rate else "closed loop"
+        return f"soak {self.scenario.label} ({bound}, {self.workers} workers, {pace})"
