@@ -3,8 +3,8 @@
 The only module that imports matplotlib. It draws on an Agg canvas of its own and never touches
 pyplot's global state, so plotting inside a pytest run needs no display and leaks no figures.
 ``soak_plots.py`` (the long run's throughput, latency and anomaly panels) draws through the
-helpers here (``new_figure``, ``save_png``, ``empty_note``, ``shade_faults``) and the ``Axes``
-they hand out, so matplotlib stays owned by this one module.
+helpers here (``new_figure``, ``save_png``, ``empty_note``, ``panel_note``, ``shade_faults``)
+and the ``Axes`` they hand out, so matplotlib stays owned by this one module.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "fault_windows",
     "new_figure",
     "order_ops",
+    "panel_note",
     "plot_latency",
     "plot_timeline",
     "save_png",
@@ -142,11 +143,21 @@ def save_png(fig: Figure, out: Path) -> Path:
     return out
 
 
-def empty_note(ax: Axes, message: str) -> None:
-    """Write ``message`` in the middle of an empty panel and drop its ticks, so it reads as empty."""
+def empty_note(ax: Axes, message: str, *, shared_x: bool = False) -> None:
+    """Write ``message`` in the middle of an empty panel and drop its ticks, so it reads as empty.
+
+    ``shared_x``: the panel shares its x axis with others (``new_figure``); its x ticks stay, as
+    dropping them would drop every panel's.
+    """
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#7f7f7f")
-    ax.set_xticks([])
+    if not shared_x:
+        ax.set_xticks([])
     ax.set_yticks([])
+
+
+def panel_note(ax: Axes, text: str) -> None:
+    """Write ``text`` small and grey above the panel's left corner: what the panel counts."""
+    ax.set_title(text, fontsize=9, color="#555555", loc="left")
 
 
 def shade_faults(axes: Sequence[Axes], windows: Iterable[FaultWindow], secs: Callable[[int], float]) -> list[Any]:
@@ -263,7 +274,7 @@ def plot_timeline(
     note = f"{len(ops)} of {total} operations"
     if wanted:
         note += f"; {len(wanted & set(ops))} anomalous first, in red"
-    ax.set_title(note, fontsize=9, color="#555555", loc="left")
+    panel_note(ax, note)
     if broken:
         ax.set_title("\n".join(broken[:3]), fontsize=9, color=_HIGHLIGHT, loc="right")
     if not ops:
@@ -296,7 +307,7 @@ def plot_latency(latencies_ms: list[float], out: Path, *, title: str) -> Path:
     for p, color in ((50, "#2ca02c"), (95, "#ff7f0e"), (99, "#d62728")):
         v = _percentile(ordered, p)
         ax.axvline(v, color=color, lw=1.2, ls="--", label=f"p{p} {v:,.1f} ms")
-    ax.set_title(f"{n} samples, max {hi:,.1f} ms", fontsize=9, color="#555555", loc="left")
+    panel_note(ax, f"{n} samples, max {hi:,.1f} ms")
     ax.set_xlabel("latency (ms)" + (", log scale" if log_scale else ""))
     ax.set_ylabel("operations")
     for side in ("top", "right"):
