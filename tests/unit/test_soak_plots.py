@@ -15,6 +15,7 @@ from harness.ledger.reader import read_ledger
 from harness.ledger.schema import ARROW_SCHEMA, COLUMNS, Kind, empty_row
 from harness.ledger.synth import synth_run
 from harness.reporting.plots import FaultWindow
+from harness.reporting.soak_check import measure
 from harness.reporting.soak_data import SoakSeries, per_second, soak_data
 from harness.reporting.soak_plots import draw_soak, plot_soak
 
@@ -200,3 +201,11 @@ def test_empty_ledger_draws_a_figure(tmp_path: Path) -> None:
     data = soak_data(tmp_path / "ledger", {"lost": {"op-x"}})
     assert (data.operations, data.series.seconds, data.windows, data.anomalies) == (0, (), (), ())
     _assert_png(draw_soak(data, tmp_path / "soak.png", title="empty"))
+
+
+def test_soak_check_measures_a_plot_in_a_child_process() -> None:
+    numbers = measure(events=20_000, seed=2)
+    assert numbers["events"] >= 19_000
+    assert numbers["seconds"] > 0
+    assert 0 < numbers["peak_rss_mb"] < 4096
+    assert numbers["png_bytes"] > 5 * 1024
