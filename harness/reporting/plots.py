@@ -2,12 +2,15 @@
 
 The only module that imports matplotlib. It draws on an Agg canvas of its own and never touches
 pyplot's global state, so plotting inside a pytest run needs no display and leaks no figures.
+``soak_plots.py`` (the long run's throughput, latency and anomaly panels) draws through the
+helpers here (``new_figure``, ``save_png``, ``empty_note``, ``panel_note``, ``shade_faults``)
+and the ``Axes`` they hand out, so matplotlib stays owned by this one module.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,20 @@ from matplotlib.transforms import offset_copy
 
 from harness.ledger.schema import Kind
 
-__all__ = ["MAX_OPS", "FaultWindow", "fault_windows", "order_ops", "plot_latency", "plot_timeline"]
+__all__ = [
+    "MAX_OPS",
+    "Axes",
+    "FaultWindow",
+    "empty_note",
+    "fault_windows",
+    "new_figure",
+    "order_ops",
+    "panel_note",
+    "plot_latency",
+    "plot_timeline",
+    "save_png",
+    "shade_faults",
+]
 
 MAX_OPS = 60
 DPI = 110
@@ -110,22 +126,56 @@ def _short(op: str, width: int = 26) -> str:
     return op if len(op) <= width else f"{op[: width // 2 - 1]}…{op[-(width // 2 - 1) :]}"
 
 
-def _new_figure(height_in: float) -> tuple[Figure, Axes]:
+def new_figure(height_in: float, ratios: Sequence[float] = (1.0,)) -> tuple[Figure, list[Axes]]:
+    """Return a figure on its own Agg canvas and one panel per entry of ``ratios`` (their relative
+    heights), stacked and sharing the x axis, so a time axis lines up across panels."""
     fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
+    if len(ratios) == 1:
+        return fig, [fig.add_subplot()]
+    return fig, list(fig.subplots(len(ratios), 1, sharex=True, height_ratios=list(ratios)))
 
 
-def _save(fig: Figure, out: Path) -> Path:
+def save_png(fig: Figure, out: Path) -> Path:
+    """Write ``fig`` as a PNG at ``out`` (its folder made if missing); return ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI, format="png")
     return out
 
 
-def _empty(ax: Axes, message: str) -> None:
+def empty_note(ax: Axes, message: str, *, shared_x: bool = False) -> None:
+    """Write ``message`` in the middle of an empty panel and drop its ticks, so it reads as empty.
+
+    ``shared_x``: the panel shares its x axis with others (``new_figure``); its x ticks stay, as
+    dropping them would drop every panel's.
+    """
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#7f7f7f")
-    ax.set_xticks([])
+    if not shared_x:
+        ax.set_xticks([])
     ax.set_yticks([])
+
+
+def panel_note(ax: Axes, text: str) -> None:
+    """Write ``text`` small and grey above the panel's left corner: what the panel counts."""
+    ax.set_title(text, fontsize=9, color="#555555", loc="left")
+
+
+def shade_faults(axes: Sequence[Axes], windows: Iterable[FaultWindow], secs: Callable[[int], float]) -> list[Any]:
+    """Shade each fault window on every panel of ``axes``; return one legend handle per fault.
+
+    One colour per fault point, so a fault applied again reads as the same fault. ``secs`` turns a
+    timestamp into the x axis's seconds.
+    """
+    handles: list[Any] = []
+    colors: dict[str, str] = {}
+    for window in windows:
+        color = colors.setdefault(window.point, _FAULT_COLORS[len(colors) % len(_FAULT_COLORS)])
+        for ax in axes:
+            ax.axvspan(secs(window.start_ns), secs(window.end_ns), color=color, alpha=0.45, lw=0, zorder=0)
+        label = f"fault {window.point}" + (" (no end)" if window.open else "")
+        if label not in {h.get_label() for h in handles}:
+            handles.append(Patch(facecolor=color, alpha=0.45, label=label))
+    return handles
 
 
 def plot_timeline(
@@ -140,25 +190,18 @@ def plot_timeline(
     wanted = highlight or set()
     ops = order_ops(events, wanted)
     total = len(pc.unique(events.column("op")).drop_null()) if events.num_rows else 0
-    fig, ax = _new_figure(min(16.0, max(3.4, 1.6 + 0.24 * len(ops))))
+    fig, (ax,) = new_figure(min(16.0, max(3.4, 1.6 + 0.24 * len(ops))))
     fig.suptitle(title, fontsize=12, fontweight="bold")
     if events.num_rows == 0:
-        _empty(ax, "no events in the ledger")
-        return _save(fig, out)
+        empty_note(ax, "no events in the ledger")
+        return save_png(fig, out)
 
     t0: int = pc.min(events.column("ts_ns")).as_py()
 
     def secs(ns: int) -> float:
         return (ns - t0) / 1e9
 
-    handles: list[Any] = []
-    colors: dict[str, str] = {}  # one colour per fault point, so repeated windows read as one fault
-    for window in fault_windows(events):
-        color = colors.setdefault(window.point, _FAULT_COLORS[len(colors) % len(_FAULT_COLORS)])
-        ax.axvspan(secs(window.start_ns), secs(window.end_ns), color=color, alpha=0.45, lw=0, zorder=0)
-        label = f"fault {window.point}" + (" (no end)" if window.open else "")
-        if label not in {h.get_label() for h in handles}:
-            handles.append(Patch(facecolor=color, alpha=0.45, label=label))
+    handles = shade_faults([ax], fault_windows(events), secs)
 
     crash_ts = events.filter(pc.equal(events.column("kind"), Kind.CRASH.value)).column("ts_ns").to_pylist()
     for ns in crash_ts:
@@ -231,13 +274,13 @@ def plot_timeline(
     note = f"{len(ops)} of {total} operations"
     if wanted:
         note += f"; {len(wanted & set(ops))} anomalous first, in red"
-    ax.set_title(note, fontsize=9, color="#555555", loc="left")
+    panel_note(ax, note)
     if broken:
         ax.set_title("\n".join(broken[:3]), fontsize=9, color=_HIGHLIGHT, loc="right")
     if not ops:
-        _empty(ax, "no event names an operation")
+        empty_note(ax, "no event names an operation")
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
-    return _save(fig, out)
+    return save_png(fig, out)
 
 
 def _percentile(ordered: Sequence[float], p: float) -> float:
@@ -246,11 +289,11 @@ def _percentile(ordered: Sequence[float], p: float) -> float:
 
 def plot_latency(latencies_ms: list[float], out: Path, *, title: str) -> Path:
     """Write a PNG histogram of latencies with p50, p95 and p99 marked; log-scaled when tails are long."""
-    fig, ax = _new_figure(4.2)
+    fig, (ax,) = new_figure(4.2)
     fig.suptitle(title, fontsize=12, fontweight="bold")
     if not latencies_ms:
-        _empty(ax, "no latency samples")
-        return _save(fig, out)
+        empty_note(ax, "no latency samples")
+        return save_png(fig, out)
     ordered = sorted(latencies_ms)
     n = len(ordered)
     lo, hi = ordered[0], ordered[-1]
@@ -264,13 +307,13 @@ def plot_latency(latencies_ms: list[float], out: Path, *, title: str) -> Path:
     for p, color in ((50, "#2ca02c"), (95, "#ff7f0e"), (99, "#d62728")):
         v = _percentile(ordered, p)
         ax.axvline(v, color=color, lw=1.2, ls="--", label=f"p{p} {v:,.1f} ms")
-    ax.set_title(f"{n} samples, max {hi:,.1f} ms", fontsize=9, color="#555555", loc="left")
+    panel_note(ax, f"{n} samples, max {hi:,.1f} ms")
     ax.set_xlabel("latency (ms)" + (", log scale" if log_scale else ""))
     ax.set_ylabel("operations")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.legend(loc="outside right upper", fontsize=8, frameon=False)
-    return _save(fig, out)
+    return save_png(fig, out)
 
 
 def render_run(run_dir: Path) -> Path | None:
