@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
     from harness.run.core.signals import Seen
     from harness.run.spec.scenario import ScenarioSpec
+    from harness.soak.driver import SoakResult
+    from harness.soak.spec import Soak
     from harness.stack.base import Endpoints, StackProvider
     from harness.stack.reset import Resetter
 
@@ -39,6 +41,12 @@ class RunScenario(Protocol):
     """What ``txchaos_run`` returns: ``run(spec, allow_unfired=False) -> RunResult``."""
 
     def __call__(self, spec: ScenarioSpec, *, allow_unfired: bool = False) -> RunResult: ...
+
+
+class RunSoak(Protocol):
+    """What ``txchaos_soak`` returns: ``soak(Soak(...)) -> SoakResult``."""
+
+    def __call__(self, spec: Soak) -> SoakResult: ...
 
 
 MARKERS = {
@@ -239,6 +247,26 @@ def txchaos_run(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchao
         return result
 
     return run
+
+
+@pytest.fixture
+def txchaos_soak(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchaos_reset: Resetter) -> RunSoak:
+    """Return ``soak(Soak(...))``: run a soak on the session's stack, draw its ``soak.png``, attach its
+    folder (verdicts, plots, ``soak.json``, logs) to Allure and list it in the summary."""
+    from harness.reporting.allure import attach_file, attach_run
+    from harness.reporting.soak_plots import render_soak
+    from harness.soak.driver import run_soak
+
+    def soak(spec: Soak) -> SoakResult:
+        result = run_soak(spec, txchaos_stack, progress=lambda _: None)
+        txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
+        request.config.stash[_RUNS].append(result.run)
+        render_soak(result)
+        attach_run(result.run_dir)
+        attach_file(result.run_dir / "soak.json", "soak.json", "json")
+        return result
+
+    return soak
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -99,10 +99,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 def show_soak(result: SoakResult) -> int:
     """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
-    from harness.reporting.plots import render_run
+    from harness.reporting.soak_plots import render_soak
 
-    render_run(result.run_dir)
     stats, verdict = result.stats, result.verdict
+    plot = render_soak(result)
     colour = "green" if verdict.clean else "red"
     console.print(f"[bold]{result.soak.label}[/]: [{colour}]{verdict.headline()}[/]")
     console.print(
@@ -111,18 +111,24 @@ def show_soak(result: SoakResult) -> int:
         f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed; "
         f"driver peak RSS {stats.driver_peak_rss_mb:.0f} MB"
     )
-    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl)")
+    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
     from harness.soak.driver import witness_sample
 
     for anomaly, witnesses in witness_sample(verdict).items():
         for w in witnesses:
-            during = ", ".join(str(f.get("name", f)) for f in w["faults"]) or "no fault window"
+            during = ", ".join(_window(f) for f in w["faults"]) or "no fault window"
             console.print(f"  {anomaly}: op {w['op']} during {during}")
     if stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:
         console.print(f"  again: txchaos soak ... --nemesis {result.run_dir / 'nemesis.json'}")
     return 0 if verdict.clean else verdict.exit_code
+
+
+def _window(fault: dict[str, object]) -> str:
+    """Return a fault window of a witness in words: ``pause for 3.5s``."""
+    took = fault.get("duration_ms")
+    return f"{fault.get('fault', '?')}" + (f" for {float(took) / 1000:.1f}s" if isinstance(took, int | float) else "")
 
 
 def _spark_agrees(result: SoakResult, master: str | None) -> int:

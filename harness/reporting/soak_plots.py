@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.reporting.plots import Axes, empty_note, new_figure, panel_note, save_png, shade_faults
 from harness.reporting.soak_data import SoakData, soak_data
+from harness.soak.driver import SoakResult
 from harness.verify.model import ANOMALY_CLASSES
 
 __all__ = ["draw_soak", "plot_soak"]
@@ -54,6 +55,13 @@ def plot_soak(run_dir: Path, out: Path, *, anomalies: dict[str, set[str]] | None
     bounded memory (``soak_data``), so a million-operation run plots in seconds.
     """
     return draw_soak(soak_data(run_dir / "ledger", anomalies), out, title=title)
+
+
+def render_soak(result: SoakResult) -> Path:
+    """Draw a judged soak's ``soak.png`` into its folder, its flagged operations marked by class."""
+    verdict = result.verdict
+    flagged = {anomaly: verdict.ops(anomaly) for anomaly in verdict.found()}
+    return plot_soak(result.run_dir, result.run_dir / "soak.png", anomalies=flagged, title=result.soak.label)
 
 
 def draw_soak(data: SoakData, out: Path, *, title: str) -> Path:

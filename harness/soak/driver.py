@@ -26,7 +26,7 @@ from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
-from harness.run.spec.steps import Heal, Kill, Open, Step, Submit, Thaw, describe
+from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
 from harness.soak.spec import Soak
 from harness.stack.base import Endpoints
@@ -155,7 +155,7 @@ class _Driver:
         if isinstance(step, ArmAhead):
             step = step.resolve(len(session.ops))
             self.arms += 1
-        elif isinstance(step, Open):
+        elif isinstance(step, Open | Freeze):
             self.open_faults.append(describe(step).removeprefix("open "))
             self.windows += 1
         elif isinstance(step, Heal):

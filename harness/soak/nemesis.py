@@ -31,14 +31,17 @@ from harness.errors import ConfigError
 from harness.faults import KillBroker, Latency, Partition, ResetPeer, Timeout
 from harness.run.spec.checks import check_int, check_seconds
 from harness.run.spec.scenario import Crash
-from harness.run.spec.steps import Arm, Heal, Kill, Open, Step, from_record, to_record
+from harness.run.spec.steps import Arm, Freeze, Heal, Kill, Open, Step, from_record, to_record
 
 # What a schedule can draw from. "broker" kill -9s the flow's broker and restarts it on heal,
-# "postgres" the database; "crash" arms a crash point of the flow on an operation soon to come.
-KINDS = ("latency", "reset", "partition", "timeout", "kill", "crash", "broker", "postgres")
+# "postgres" the database; "crash" arms a crash point of the flow on an operation soon to come;
+# "pause" freezes one worker (SIGSTOP) for the window: its transaction stays open while the broker
+# hands its message to another worker.
+KINDS = ("latency", "reset", "partition", "timeout", "kill", "pause", "crash", "broker", "postgres")
 # The default mix: every kind that heals without a service restart, plus a worker kill and a
 # crash; broker and database restarts are asked for by name (each costs seconds of downtime).
-DEFAULT = ("latency", "reset", "partition", "kill", "crash")
+DEFAULT = ("latency", "reset", "partition", "kill", "pause", "crash")
+PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-beats (1 s) stop
 NETWORK = ("latency", "reset", "partition", "timeout")
 SCHEDULE_FILE = "nemesis.json"
 
@@ -181,6 +184,11 @@ def plan(
         at = round(t, 1)
         if kind == "kill":
             entries.append(Timed(at, Kill(rng.randrange(instances))))
+        elif kind == "pause":
+            hold = max(hold, PAUSE_MIN_S)
+            entries.append(Timed(at, Freeze(rng.randrange(instances))))
+            entries.append(Timed(round(at + hold, 1), Heal()))
+            t += hold
         elif kind == "crash":
             entries.append(Timed(at, ArmAhead(Crash(rng.choice(points)), ahead=rng.randrange(1, 20))))
         else:

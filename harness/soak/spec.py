@@ -48,7 +48,7 @@ class Soak:
     seed: int = 0
     nemesis: tuple[str, ...] | Schedule = DEFAULT
     pace: Pace = Pace()  # noqa: RUF009  (a frozen value)
-    window: int = 0  # closed loop: operations in flight at most (0: 100 per worker, at least 500)
+    window: int = 0  # closed loop: operations in flight at most (0: 50 per worker, at least 200)
     quiesce_s: float = 120.0  # after the last submission and the final heal: how long the flow may take
     tick_s: float = 0.25  # how often the driver submits, applies what is due and reports
 
@@ -89,7 +89,7 @@ class Soak:
     @property
     def in_flight(self) -> int:
         """The closed loop's window: operations submitted and not yet out, at most."""
-        return self.window or max(500, 100 * self.workers)
+        return self.window or max(200, 50 * self.workers)
 
     @property
     def label(self) -> str:

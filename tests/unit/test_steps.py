@@ -14,6 +14,7 @@ from harness.run.spec.scenario import Crash
 from harness.run.spec.steps import (
     VOCABULARY,
     Arm,
+    Freeze,
     Heal,
     Hold,
     Idle,
@@ -42,6 +43,7 @@ EVERY_KIND = [
     Hold(KillBroker("activemq"), hold_s=0.0),
     Heal(),
     Kill(1),
+    Freeze(1),
     Thaw(),
     Idle(),
 ]

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness.errors import ConfigError
+from harness.faults.process import Pause
 from harness.ledger.schema import Kind
-from harness.run.processes.supervisor import WorkerPool
+from harness.run.processes.supervisor import Supervised, WorkerPool
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.worker.crash import CrashArm
@@ -62,6 +63,10 @@ class Processes(Protocol):
     def armed(self, crash: Crash, arm: CrashArm) -> None: ...
 
     def kill(self, number: int) -> None: ...
+
+    def pause(self, number: int) -> Pause:
+        """Return the fault that stops instance ``number`` (SIGSTOP) until healed (a ``Freeze`` step)."""
+        ...
 
     def thaw(self) -> int: ...
 
@@ -148,20 +153,33 @@ class Workers:
     def armed(self, crash: Crash, arm: CrashArm) -> None:
         return None  # the workers read the arms file the session wrote
 
+    def _numbered(self, number: int, step: str) -> Supervised:
+        """Return the spec of worker ``number``; refuse a step before the start or past the last worker."""
+        pool = self.session._pool
+        if pool is None:
+            raise ConfigError(f"a {step}({number}) step before the workers started", hint="apply Start() first")
+        if not 0 <= number < len(pool.specs):
+            names = ", ".join(f"{i}: {spec.name}" for i, spec in enumerate(pool.specs))
+            raise ConfigError(f"a {step}({number}) step, but the run has {len(pool.specs)} worker(s)", hint=names)
+        return pool.specs[number]
+
     def kill(self, number: int) -> None:
         """SIGKILL worker ``number`` (of every stage's workers and helpers, in start order) wherever it is."""
         s = self.session
+        spec = self._numbered(number, "Kill")
         pool = s._pool
-        if pool is None:
-            raise ConfigError(f"a Kill({number}) step before the workers started", hint="apply Start() first")
-        if not 0 <= number < len(pool.specs):
-            names = ", ".join(f"{i}: {spec.name}" for i, spec in enumerate(pool.specs))
-            raise ConfigError(f"a Kill({number}) step, but the run has {len(pool.specs)} worker(s)", hint=names)
-        spec = pool.specs[number]
+        assert pool is not None
         s.ledger.emit(Kind.CRASH, point="kill", stage=spec.stage, worker=spec.name, action="kill")
         with contextlib.suppress(ProcessLookupError):  # it died by itself meanwhile: restarted anyway
             os.kill(pool.procs[spec.name].pid, signal.SIGKILL)
         s.folder.step(f"kill worker {spec.name}")
+
+    def pause(self, number: int) -> Pause:
+        """Return the pause of worker ``number`` (its own process group: the worker and its children)."""
+        spec = self._numbered(number, "Freeze")
+        pool = self.session._pool
+        assert pool is not None
+        return Pause(pool.procs[spec.name].pid)
 
     def thaw(self) -> int:
         return 0

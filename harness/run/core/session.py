@@ -39,7 +39,7 @@ from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
-from harness.run.spec.steps import Arm, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
+from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.verify import declared
@@ -307,6 +307,10 @@ class RunSession:
                 self._faults = ExitStack()
             case Kill(instance=instance):
                 self.kill_instance(instance)
+            case Freeze(instance=instance):
+                self.folder.step(f"freeze instance {instance} until healed")
+                pause = self.processes.pause(instance)
+                self._faults.enter_context(_both(self.processes.during_fault(), active(pause, self.ledger)))
             case Thaw():
                 self.thaw()
             case Idle():

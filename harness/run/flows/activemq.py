@@ -155,11 +155,15 @@ class StageRunSession(SinkSession[Sink]):
         """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
         settlement = Settlement(self.folder.path / "ledger")
 
-        def out() -> set[str]:
-            return self._sink.accounted() if self._sink is not None else set()
+        pool = self._pool
 
-        if not poll_until(lambda: not settlement.unsettled(out()), deadline=deadline):
-            self.folder.step(f"quiescence: {len(settlement.unsettled(out()))} delivered message(s) never settled")
+        def unsettled() -> set[str]:
+            out = self._sink.accounted() if self._sink is not None else set()
+            live = {p.pid for p in pool.procs.values() if p.alive()} if pool is not None else None
+            return settlement.unsettled(out, live)
+
+        if not poll_until(lambda: not unsettled(), deadline=deadline):
+            self.folder.step(f"quiescence: {len(unsettled())} delivered message(s) never settled")
 
     def _outbox_empty(self) -> bool:
         outbox, engine = self.spec.outbox_table, self._engine
@@ -206,7 +210,7 @@ class _Idleness:
         busy = (
             self.pool.restarts != self._restarts
             or not self.pool.serving()
-            or bool(self.settlement.unsettled(self.sink.accounted()))
+            or bool(self.settlement.unsettled())
             or bool(self.settlement.given_back(self.sink.accounted()))
         )
         self._restarts = self.pool.restarts

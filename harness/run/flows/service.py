@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from harness.errors import ConfigError, HarnessError, ServiceFailed
+from harness.faults.process import Pause
 from harness.ledger.schema import Kind
 from harness.run.core.parts import ProcessesKind
 from harness.run.core.sink_session import SinkSession
@@ -255,6 +256,11 @@ class ServiceInstances:
         Kill(lambda: pool.pid(name), group=self.service.image is None).signal(signal.SIGKILL)
         self.session.ledger.emit(Kind.CRASH, point="kill", stage=self.service.name, worker=name, action="kill")
         self.session.folder.step(f"kill instance {name}")
+
+    def pause(self, number: int) -> Pause:
+        """Return the pause of instance ``number`` (its process group, unless it runs as an image)."""
+        pool = self._running()
+        return Pause(pool.pid(self._names()[number]), group=self.service.image is None)
 
     @contextmanager
     def during_fault(self) -> Iterator[object]:

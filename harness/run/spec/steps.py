@@ -2,9 +2,9 @@
 
 A run is driven by steps: ``Start`` the flow's processes, ``Submit`` operations, ``Arm`` a crash
 point or wire trap, ``Open`` a fault (kept until ``Heal``) or ``Hold`` one for a while, ``Kill`` an
-instance, ``Thaw`` frozen ones, wait until the flow is ``Idle``. ``RunSession.apply`` applies one;
-``drive`` turns a spec into them, the state machines emit them, and a soak's fault schedule is a
-generator of them. Each applied step is a line of the run folder's ``steps.jsonl``
+instance or ``Freeze`` it until healed, ``Thaw`` frozen ones, wait until the flow is ``Idle``.
+``RunSession.apply`` applies one; ``drive`` turns a spec into them, the state machines emit them,
+and a soak's fault schedule is a generator of them. Each applied step is a line of the run folder's ``steps.jsonl``
 (``to_record``), from which ``harness.run.core.replay`` runs the same steps again, no Hypothesis
 needed.
 
@@ -114,6 +114,20 @@ class Kill:
 
 
 @dataclass(frozen=True)
+class Freeze:
+    """SIGSTOP instance ``instance`` of the flow's processes until the next ``Heal`` (a fault window).
+
+    A frozen consumer keeps its messages and its database transaction open; the broker drops it
+    once its heart-beats stop and gives its messages to another instance.
+    """
+
+    instance: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("freeze instance", self.instance, 0, 64)
+
+
+@dataclass(frozen=True)
 class Thaw:
     """Continue every frozen instance (a trap's ``freeze``); nothing when none is frozen."""
 
@@ -123,7 +137,7 @@ class Idle:
     """Wait until the operations submitted so far are done (the flow's own idea of done)."""
 
 
-Step = Start | Submit | Arm | Open | Hold | Heal | Kill | Thaw | Idle
+Step = Start | Submit | Arm | Open | Hold | Heal | Kill | Freeze | Thaw | Idle
 VOCABULARY: dict[str, type[Step]] = {
     "start": Start,
     "submit": Submit,
@@ -132,6 +146,7 @@ VOCABULARY: dict[str, type[Step]] = {
     "hold": Hold,
     "heal": Heal,
     "kill": Kill,
+    "freeze": Freeze,
     "thaw": Thaw,
     "idle": Idle,
 }
@@ -193,5 +208,7 @@ def describe(step: Step) -> str:
             return f"hold {fault!r}{f' on {target}' if target else ''} for {hold_s}s"
         case Kill(instance=instance):
             return f"kill instance {instance}"
+        case Freeze(instance=instance):
+            return f"freeze instance {instance}"
         case _:
             return _NAMES[type(step)]

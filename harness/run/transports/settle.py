@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 
 _SETTLED = {str(Kind.BROKER_COMMIT), str(Kind.NACK)}
+IN_DOUBT_S = 10.0  # a dead receiver's message the broker still held is redelivered well within this
 
 
 def _given_back_by_nack(event: dict[str, Any]) -> bool:
@@ -44,8 +46,6 @@ class Settlement:
         self._op_delivered: dict[str, int] = {}  # op -> ts_ns of its latest delivery, any stage
         self._op_nacked: dict[str, int] = {}  # op -> ts_ns of its latest NACK, any stage
         self._msg_op: dict[str, str] = {}  # msg -> its operation
-        # msg -> pid -> seq of that process's latest fatal error on it: the process died in doubt
-        self._died_on: defaultdict[str, dict[int, int]] = defaultdict(dict)
         self.last_event = time.monotonic()  # when the ledger last grew (monotonic clock)
 
     def _read(self) -> None:
@@ -67,25 +67,25 @@ class Settlement:
                 settled[pid] = max(settled.get(pid, seq), seq)
                 if kind != Kind.BROKER_COMMIT and op is not None:
                     self._op_nacked[op] = max(self._op_nacked.get(op, ts), ts)
-            elif kind == Kind.ERROR and json.loads(event.get("detail") or "{}").get("fatal") is True:
-                died = self._died_on[msg]
-                died[pid] = max(died.get(pid, seq), seq)
         if grew:
             self.last_event = time.monotonic()
 
-    def unsettled(self, out: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    def unsettled(self, out: Collection[str] = (), live: Collection[int] | None = None) -> set[str]:
         """Return the message ids whose latest delivery has no commit or NACK by its receiver since.
 
-        A delivery whose receiver then died of a fatal error (its broker connection cut in the
-        middle of the commit: the commit is in doubt) counts as settled once its operation is
-        ``out``: the broker took that commit, or a redelivery (a later delivery) will say otherwise.
+        With ``live`` (the pids of the processes running now): a delivery whose receiver is gone,
+        whose operation is ``out`` and which is older than ``IN_DOUBT_S`` counts as settled. Its
+        receiver died in the middle of it (its broker connection cut under a fault, a stale frame
+        read after a freeze): the broker took the operation's commit from someone, and a message it
+        still held would have come back to a live worker (a later delivery) long since.
         """
         self._read()
+        old = time.time_ns() - int(IN_DOUBT_S * 1e9)
         return {
             msg
-            for msg, (_, pid, seq) in self._latest.items()
+            for msg, (ts, pid, seq) in self._latest.items()
             if self._settled_by[msg].get(pid, -1) < seq
-            and not (self._died_on[msg].get(pid, -1) > seq and self._msg_op.get(msg) in out)
+            and not (live is not None and pid not in live and ts < old and self._msg_op.get(msg) in out)
         }
 
     def given_back(self, out: set[str]) -> set[str]:
