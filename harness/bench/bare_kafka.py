@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from harness.bench.bare_loop import BareResult, Crew, Hand, pg_connect, pg_run, suffix
 from harness.clients.kafka import admin, create_topics, delete_topics, end_offsets
@@ -76,6 +76,19 @@ def _flush(producer: Producer, failed: list[str]) -> None:
         raise HarnessError(f"{remaining} record(s) unacknowledged after {FLUSH_S} s; errors: {failed[:3]}")
 
 
+def _find_coordinator(consumer: Consumer, parts: list[TopicPartition]) -> None:
+    """Ask the group's committed offsets until its coordinator answers (NOT_COORDINATOR meanwhile)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            consumer.committed(parts, timeout=10)
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _consumer(hand: Hand, job: _Job, index: int) -> None:
     """One consumer: the stage's batch work until told to stop; a ("batch", (n, t)) report per commit."""
     failed: list[str] = []
@@ -106,11 +119,16 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
         f'INSERT INTO {job.effects} (op_id, worker, amount, topic, part, "offset") '
         "SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::int[], %s::bigint[])"
     ).encode()
+    mine = [TopicPartition(job.topic_in, p) for p in range(index, job.partitions, job.consumers)]
     done, first = 0, 0.0
     try:
+        # Connected means knowing the topic and the group's coordinator: on a new stack the first
+        # group creates __consumer_offsets (about a second), a cost of the stack, not of a message.
+        consumer.list_topics(job.topic_in, timeout=30)
+        _find_coordinator(consumer, mine)
         if not hand.ready_then_go():
             return
-        consumer.assign([TopicPartition(job.topic_in, p) for p in range(index, job.partitions, job.consumers)])
+        consumer.assign(mine)
         first = time.monotonic()
         while not hand.stop.is_set():
             records = [m for m in consumer.consume(job.batch, 0.2) if check(m)]
@@ -189,7 +207,11 @@ def _cleanup(job: _Job) -> None:
         delete_topics(job.bootstrap, [job.topic_in, job.topic_out])
         client = admin(job.bootstrap)  # keep it referenced: a collected client cancels its futures
         for fut in client.delete_consumer_groups([job.group], request_timeout=10).values():
-            fut.result(timeout=15)
+            try:
+                fut.result(timeout=15)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # never committed: nothing to delete
+                    raise
     finally:
         pg_run(job.endpoints, job.via_proxy, f"DROP TABLE IF EXISTS {job.inbox}", f"DROP TABLE IF EXISTS {job.effects}")
 
@@ -253,6 +275,6 @@ def bare_kafka(
                 f"Kafka bare loop lost or doubled records: {messages} produced, {committed} committed, "
                 f"{inbox} inbox rows, {effects} effect rows ({distinct} ops), {outputs} outputs"
             )
-        return BareResult("kafka", messages, last - first, consumers, via_proxy)
+        return BareResult("kafka", messages, last - first, consumers, via_proxy, effects)
     finally:
         _cleanup(job)

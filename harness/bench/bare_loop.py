@@ -37,13 +37,18 @@ READY_S = 60.0  # spawning a child re-imports the harness: slow on a loaded 2-co
 
 @dataclass(frozen=True)
 class BareResult:
-    """One bare loop's figure: ``messages`` done in ``seconds`` (the loop's own clock, see each loop)."""
+    """One bare loop's figure: ``messages`` done in ``seconds`` (the loop's own clock, see each loop).
+
+    ``effects`` is the effect rows counted in Postgres after the run (the loop raises unless it
+    is ``messages``); ``workers`` the processes doing the stage's work.
+    """
 
     flow: str
     messages: int
     seconds: float
     workers: int
     via_proxy: bool
+    effects: int
 
     @property
     def ops_per_s(self) -> float:
