@@ -73,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         provider.stop()
-    table = Table("flow", "messages", "processes", "path", "seconds", "ops/s", title="bare loop (no harness)")
+    headers = ("flow", "messages", "effect rows", "processes", "path", "seconds", "ops/s")
+    table = Table(*headers, title="bare loop (no harness)")
     path = "Toxiproxy" if result.via_proxy else "direct"
+    r = result
     table.add_row(
-        result.flow, str(result.messages), str(result.workers), path, f"{result.seconds:.2f}", f"{result.ops_per_s:.0f}"
+        r.flow, str(r.messages), str(r.effects), str(r.workers), path, f"{r.seconds:.2f}", f"{r.ops_per_s:.0f}"
     )
     console.print(table)
     return 0

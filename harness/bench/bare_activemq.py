@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from harness.bench.bare_loop import BareResult, Crew, Hand, address, pg_connect, pg_run, suffix
+from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -176,8 +176,8 @@ def _stage(hand: Hand, job: _Job) -> None:
     """One worker: the stage's work per message until told to stop; reports ("done", (count, first))."""
     pg = pg_connect(job.endpoints, job.via_proxy)
     stomp = job.stomp(f"bare-{hand.name}")
-    select = f"SELECT 1 FROM {job.table} WHERE op_id = %s LIMIT 1".encode()
-    insert = f"INSERT INTO {job.table} (op_id, worker, amount) VALUES (%s, %s, %s)".encode()
+    select = f"SELECT 1 FROM {job.table} WHERE op_id = %s LIMIT 1"
+    insert = f"INSERT INTO {job.table} (op_id, worker, amount) VALUES (%s, %s, %s)"
     out = f"/queue/{job.queue_out}"
     done, first = 0, 0.0
     try:
@@ -248,18 +248,21 @@ def _fill(job: _Job, prefix: str) -> None:
         stomp.close()
 
 
-def _empty(job: _Job, names: list[str]) -> None:
-    """Consume whatever is left on ``names`` (ActiveMQ over STOMP cannot delete a queue; this
-    broker runs without JMX)."""
-    for name in names:
-        stomp = job.stomp(f"bare-empty-{name}")
-        try:
-            stomp.subscribe(name, ack="auto", prefetch=1000)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and stomp.receive(0.3) is not None:
-                pass
-        finally:
-            stomp.close()
+def _cleanup(job: _Job) -> None:
+    """Consume whatever is left on the loop's queues, then drop its table. (ActiveMQ over STOMP
+    cannot delete a queue, and this broker runs without JMX: the queues stay, empty.)"""
+    try:
+        for name in (job.queue_in, job.queue_out):
+            stomp = job.stomp(f"bare-empty-{name}")
+            try:
+                stomp.subscribe(name, ack="auto", prefetch=1000)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and stomp.receive(0.3) is not None:
+                    pass
+            finally:
+                stomp.close()
+    finally:
+        pg_run(job.endpoints, job.via_proxy, f"DROP TABLE IF EXISTS {job.table}")
 
 
 def bare_activemq(
@@ -277,7 +280,7 @@ def bare_activemq(
         endpoints, via_proxy, f"bare_effects_{tag}", f"txchaos.bare.{tag}.in", f"txchaos.bare.{tag}.out", messages
     )
     names = [f"w{i}" for i in range(workers)]
-    try:
+    with cleaned_up(lambda: _cleanup(job)):
         pg_run(
             endpoints,
             via_proxy,
@@ -303,9 +306,4 @@ def bare_activemq(
                 f"ActiveMQ bare loop lost or doubled messages: {messages} sent, {processed} processed, "
                 f"{count} effect rows ({distinct} ops), {frames} outputs ({ops} ops)"
             )
-        return BareResult("activemq", messages, last - min(firsts), workers, via_proxy, count)
-    finally:
-        try:
-            _empty(job, [job.queue_in, job.queue_out])
-        finally:
-            pg_run(endpoints, via_proxy, f"DROP TABLE IF EXISTS {job.table}")
+    return BareResult("activemq", messages, last - min(firsts), workers, via_proxy, count)

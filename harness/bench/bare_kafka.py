@@ -25,13 +25,19 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from harness.bench.bare_loop import BareResult, Crew, Hand, pg_connect, pg_run, suffix
+from harness.bench.bare_loop import BareResult, Crew, Hand, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients.kafka import admin, create_topics, delete_topics, end_offsets
 from harness.clients.kafka.records import check
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
 FLUSH_S = 15.0  # the OutputProducer's delivery timeout
+# The coordinator is moving or not up yet (a new stack's __consumer_offsets): ask again.
+_COORDINATOR_BUSY = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+}
 
 
 @dataclass(frozen=True)
@@ -55,25 +61,43 @@ class _Job:
         return ep.address if self.via_proxy else f"{ep.upstream_host}:{ep.upstream_port}"
 
 
-def _producer(job: _Job, client_id: str) -> Producer:
-    return Producer(
-        {
-            "bootstrap.servers": job.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 2,
-            "message.timeout.ms": int(FLUSH_S * 1000),
-            "client.id": client_id,
-            "log_level": 3,
-        }
-    )
+class _Producer:
+    """A producer with the ``OutputProducer``'s settings that keeps its failed deliveries for ``flush``."""
 
+    def __init__(self, job: _Job, client_id: str) -> None:
+        self.failed: list[str] = []
+        self.producer = Producer(
+            {
+                "bootstrap.servers": job.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "message.timeout.ms": int(FLUSH_S * 1000),
+                "client.id": client_id,
+                "log_level": 3,
+            }
+        )
 
-def _flush(producer: Producer, failed: list[str]) -> None:
-    """Wait until every queued record is acknowledged; raise if any is not."""
-    remaining = producer.flush(FLUSH_S)
-    if remaining or failed:
-        raise HarnessError(f"{remaining} record(s) unacknowledged after {FLUSH_S} s; errors: {failed[:3]}")
+    def _delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self.failed.append(str(err))
+
+    def produce(self, topic: str, value: str, key: str, *, tagged: bool = False) -> None:
+        """Queue one record; ``tagged`` adds the ``txchaos-op`` header (= ``key``) a stage's outputs carry."""
+        headers: dict[str, str | bytes | None] | None = {"txchaos-op": key} if tagged else None
+        while True:
+            try:
+                self.producer.produce(topic, value, key=key, headers=headers, on_delivery=self._delivered)
+                break
+            except BufferError:
+                self.producer.poll(0.5)  # the local queue is full: let deliveries drain first
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        """Wait until every queued record is acknowledged; raise if any is not."""
+        remaining = self.producer.flush(FLUSH_S)
+        if remaining or self.failed:
+            raise HarnessError(f"{remaining} record(s) unacknowledged after {FLUSH_S} s; errors: {self.failed[:3]}")
 
 
 def _find_coordinator(consumer: Consumer, parts: list[TopicPartition]) -> None:
@@ -83,22 +107,16 @@ def _find_coordinator(consumer: Consumer, parts: list[TopicPartition]) -> None:
         try:
             consumer.committed(parts, timeout=10)
             return
-        except KafkaException:
-            if time.monotonic() > deadline:
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_BUSY or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
 
 def _consumer(hand: Hand, job: _Job, index: int) -> None:
     """One consumer: the stage's batch work until told to stop; a ("batch", (n, t)) report per commit."""
-    failed: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            failed.append(str(err))
-
     pg = pg_connect(job.endpoints, job.via_proxy)
-    producer = _producer(job, f"bare-{hand.name}")
+    out = _Producer(job, f"bare-{hand.name}")
     config = {
         "bootstrap.servers": job.bootstrap,
         "group.id": job.group,
@@ -114,11 +132,11 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
         f'INSERT INTO {job.inbox} (topic, part, "offset", op_id) '
         "SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::text[]) "
         'ON CONFLICT DO NOTHING RETURNING part, "offset"'
-    ).encode()
+    )
     apply = (
         f'INSERT INTO {job.effects} (op_id, worker, amount, topic, part, "offset") '
         "SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::int[], %s::bigint[])"
-    ).encode()
+    )
     mine = [TopicPartition(job.topic_in, p) for p in range(index, job.partitions, job.consumers)]
     done, first = 0, 0.0
     try:
@@ -152,10 +170,8 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
             pg.execute(apply, columns)
             pg.commit()
             for op in ops:
-                out = json.dumps({"op": op, "from": "bare"})
-                producer.produce(job.topic_out, out, key=op, headers={"txchaos-op": op}, on_delivery=delivered)
-                producer.poll(0)
-            _flush(producer, failed)  # outputs durable before the offsets move past their inputs
+                out.produce(job.topic_out, json.dumps({"op": op, "from": "bare"}), op, tagged=True)
+            out.flush()  # outputs durable before the offsets move past their inputs
             upto: dict[int, int] = {}
             for p, o in zip(parts, offsets, strict=True):
                 upto[p] = max(upto.get(p, 0), o + 1)
@@ -165,29 +181,16 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
         hand.report("done", (done, first))
     finally:
         consumer.close()
-        producer.flush(1.0)
+        out.producer.flush(1.0)
         pg.close()
 
 
 def _fill(job: _Job, prefix: str, messages: int) -> None:
     """Produce ``messages`` records (key: the operation id) to the input topic (not timed)."""
-    failed: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    producer = _producer(job, "bare-fill")
+    out = _Producer(job, "bare-fill")
     for i in range(messages):
-        op = f"{prefix}-{i}"
-        value = json.dumps({"op": op, "amount": 1})
-        while True:
-            try:
-                producer.produce(job.topic_in, value, key=op, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.5)  # the local queue is full: let deliveries drain first
-    _flush(producer, failed)
+        out.produce(job.topic_in, json.dumps({"op": f"{prefix}-{i}", "amount": 1}), f"{prefix}-{i}")
+    out.flush()
 
 
 def _tables(job: _Job) -> tuple[str, ...]:
@@ -201,17 +204,27 @@ def _tables(job: _Job) -> tuple[str, ...]:
     )
 
 
+def _delete_group(job: _Job) -> None:
+    """Delete the loop's consumer group (its committed offsets); a group that never committed is fine."""
+    client = admin(job.bootstrap)  # keep it referenced: a collected client cancels its futures
+    for attempt in range(10):
+        try:
+            client.delete_consumer_groups([job.group], request_timeout=10)[job.group].result(timeout=15)
+            return
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            if code == KafkaError.GROUP_ID_NOT_FOUND:
+                return
+            if code not in _COORDINATOR_BUSY or attempt == 9:
+                raise
+            time.sleep(0.5)
+
+
 def _cleanup(job: _Job) -> None:
     """Delete the loop's topics and group, then drop its tables."""
     try:
         delete_topics(job.bootstrap, [job.topic_in, job.topic_out])
-        client = admin(job.bootstrap)  # keep it referenced: a collected client cancels its futures
-        for fut in client.delete_consumer_groups([job.group], request_timeout=10).values():
-            try:
-                fut.result(timeout=15)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # never committed: nothing to delete
-                    raise
+        _delete_group(job)
     finally:
         pg_run(job.endpoints, job.via_proxy, f"DROP TABLE IF EXISTS {job.inbox}", f"DROP TABLE IF EXISTS {job.effects}")
 
@@ -245,7 +258,7 @@ def bare_kafka(
         batch,
     )
     names = [f"c{i}" for i in range(consumers)]
-    try:
+    with cleaned_up(lambda: _cleanup(job)):
         pg_run(endpoints, via_proxy, *_tables(job))
         create_topics(job.bootstrap, [job.topic_in], partitions=partitions)
         create_topics(job.bootstrap, [job.topic_out], partitions=partitions)
@@ -275,6 +288,4 @@ def bare_kafka(
                 f"Kafka bare loop lost or doubled records: {messages} produced, {committed} committed, "
                 f"{inbox} inbox rows, {effects} effect rows ({distinct} ops), {outputs} outputs"
             )
-        return BareResult("kafka", messages, last - first, consumers, via_proxy, effects)
-    finally:
-        _cleanup(job)
+    return BareResult("kafka", messages, last - first, consumers, via_proxy, effects)

@@ -19,7 +19,8 @@ import queue
 import secrets
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.context import SpawnProcess
 from multiprocessing.queues import Queue
@@ -84,9 +85,24 @@ def pg_run(endpoints: Endpoints, via_proxy: bool, *statements: str) -> list[tupl
     rows: list[tuple[Any, ...]] = []
     with pg_connect(endpoints, via_proxy, autocommit=True) as conn:
         for sql in statements:
-            cur = conn.execute(sql.encode())
+            cur = conn.execute(sql)
             rows = cur.fetchall() if cur.description else []
     return rows
+
+
+@contextmanager
+def cleaned_up(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Run ``cleanup`` after the block; when the block failed, a cleanup error becomes a note on
+    the block's error instead of hiding it."""
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            cleanup()
+        except Exception as err:
+            exc.add_note(f"and the bare loop's cleanup failed: {err!r}")
+        raise
+    cleanup()
 
 
 @dataclass(frozen=True)
