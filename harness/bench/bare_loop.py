@@ -10,6 +10,10 @@ module holds the plumbing both loops need and nothing of the work itself:
 - ``Crew``: the loop's OS processes (``multiprocessing`` with spawn, so a child starts from a
   fresh interpreter as a real service would), a ready/go barrier so the clock starts only when
   every process is connected, one report queue, and a ``close`` that stops every process.
+
+Processes stamp their events with ``time.monotonic()``: on Linux that is CLOCK_MONOTONIC, one
+clock for the whole machine, so a first message in one process and a last output in another
+make one interval.
 """
 
 from __future__ import annotations
