@@ -299,9 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
         "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput), `traps` "
-        "(wire traps), `services` (services under test: traps in the window, clean path, search)",
+        "(wire traps), `services` (services under test: traps in the window, clean path, search), "
+        "`bare` (the machine's limit: broker and database work without the harness)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services"))
+    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 

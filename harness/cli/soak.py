@@ -116,7 +116,7 @@ def show_soak(result: SoakResult) -> int:
 
     for anomaly, witnesses in witness_sample(verdict).items():
         for w in witnesses:
-            during = ", ".join(_window(f) for f in w["faults"]) or "no fault window"
+            during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window"
             console.print(f"  {anomaly}: op {w['op']} during {during}")
     if stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")

@@ -86,6 +86,8 @@ def soak_spec(soak: Soak) -> ScenarioSpec:
     fields: dict[str, Any] = {"seed": soak.seed, "crashes": (), "faults": (), "poison": frozenset()}
     fields["messages"] = min(soak.ops or 1_000_000, 1_000_000)
     fields["timeout_s"] = soak.quiesce_s
+    if soak.expect is not None:
+        fields["expect"] = soak.expect
     if base.service is not None:
         fields["service"] = replace(base.service, instances=soak.workers)
     elif "workers" in base.flow.accepts:
@@ -153,13 +155,18 @@ class _Driver:
     def apply(self, step: Step | ArmAhead) -> None:
         session = self.session
         if isinstance(step, ArmAhead):
+            if step.crash.action == "freeze":
+                self.open_faults.append(f"freeze at {step.crash.point}")
+                self.windows += 1
             step = step.resolve(len(session.ops))
             self.arms += 1
         elif isinstance(step, Open | Freeze):
             self.open_faults.append(describe(step).removeprefix("open "))
             self.windows += 1
         elif isinstance(step, Heal):
-            self.open_faults.clear()
+            self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
+        elif isinstance(step, Thaw):
+            self.open_faults = [f for f in self.open_faults if not f.startswith("freeze at")]
         elif isinstance(step, Kill):
             self.kills += 1
         session.apply(step)
@@ -260,12 +267,26 @@ def run_soak(
 
 
 def witness_sample(verdict: Verdict, per_class: int = WITNESSES_PER_CLASS) -> dict[str, list[dict[str, Any]]]:
-    """Return up to ``per_class`` witnesses of each anomaly class, each with its overlapping fault windows."""
+    """Return up to ``per_class`` witnesses of each anomaly class, each with the fault windows that
+    overlapped its operation and the crashes (kills, freezes) in its chain."""
     sample: dict[str, list[dict[str, Any]]] = {}
     for w in verdict.witnesses:
         picked = sample.setdefault(w.anomaly, [])
         if len(picked) < per_class:
-            picked.append({"op": w.op, "msg_ids": list(w.msg_ids), "summary": w.summary, "faults": list(w.faults)})
+            crashes = [
+                f"{(e.get('detail') or {}).get('action', 'kill')} at {e.get('point')} in {e.get('src')}"
+                for e in w.events
+                if e.get("kind") == "crash"
+            ]
+            picked.append(
+                {
+                    "op": w.op,
+                    "msg_ids": list(w.msg_ids),
+                    "summary": w.summary,
+                    "faults": list(w.faults),
+                    "crashes": crashes,
+                }
+            )
     return sample
 
 

@@ -31,16 +31,19 @@ from harness.errors import ConfigError
 from harness.faults import KillBroker, Latency, Partition, ResetPeer, Timeout
 from harness.run.spec.checks import check_int, check_seconds
 from harness.run.spec.scenario import Crash
-from harness.run.spec.steps import Arm, Freeze, Heal, Kill, Open, Step, from_record, to_record
+from harness.run.spec.steps import Arm, Freeze, Heal, Kill, Open, Step, Thaw, from_record, to_record
 
 # What a schedule can draw from. "broker" kill -9s the flow's broker and restarts it on heal,
 # "postgres" the database; "crash" arms a crash point of the flow on an operation soon to come;
-# "pause" freezes one worker (SIGSTOP) for the window: its transaction stays open while the broker
-# hands its message to another worker.
-KINDS = ("latency", "reset", "partition", "timeout", "kill", "pause", "crash", "broker", "postgres")
+# "pause" stops one worker (SIGSTOP) at whatever it is doing for the window; "freeze" arms a worker
+# to stop itself at a point inside its transaction (``before_db_commit``) on an operation soon to
+# come, and thaws it after the window: its transaction stays open while the broker, its
+# heart-beats gone, hands its message to another worker.
+KINDS = ("latency", "reset", "partition", "timeout", "kill", "pause", "freeze", "crash", "broker", "postgres")
 # The default mix: every kind that heals without a service restart, plus a worker kill and a
 # crash; broker and database restarts are asked for by name (each costs seconds of downtime).
-DEFAULT = ("latency", "reset", "partition", "kill", "pause", "crash")
+DEFAULT = ("latency", "reset", "partition", "kill", "pause", "freeze", "crash")
+FREEZE_POINTS = ("before_db_commit",)  # inside the transaction, its outputs sent in it
 PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-beats (1 s) stop
 NETWORK = ("latency", "reset", "partition", "timeout")
 SCHEDULE_FILE = "nemesis.json"
@@ -171,11 +174,12 @@ def plan(
 
     ``targets``: the proxies network faults may open on (the flow's broker and Postgres);
     ``broker``: the service a "broker" kill restarts; ``instances``: the processes a "kill" may
-    pick; ``points``: the crash points a "crash" may arm (none: "crash" is skipped).
+    pick; ``points``: the crash points a "crash" or "freeze" may arm (none: both are skipped).
     """
     check_seconds("soak length_s", length_s, 0, 7 * 24 * 3600)
     rng = random.Random(seed)
-    usable = [k for k in kinds if k != "crash" or points]
+    usable = [k for k in kinds if k not in ("crash", "freeze") or points]
+    inside = [p for p in points if p in FREEZE_POINTS] or list(points)
     entries: list[Timed] = []
     t = pace.first_s
     while usable and t < length_s:
@@ -184,6 +188,12 @@ def plan(
         at = round(t, 1)
         if kind == "kill":
             entries.append(Timed(at, Kill(rng.randrange(instances))))
+        elif kind == "freeze":
+            hold = max(hold, PAUSE_MIN_S)
+            crash = Crash(rng.choice(inside), action="freeze")
+            entries.append(Timed(at, ArmAhead(crash, ahead=rng.randrange(1, 20))))
+            entries.append(Timed(round(at + hold, 1), Thaw()))
+            t += hold
         elif kind == "pause":
             hold = max(hold, PAUSE_MIN_S)
             entries.append(Timed(at, Freeze(rng.randrange(instances))))

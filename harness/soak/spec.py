@@ -51,6 +51,7 @@ class Soak:
     window: int = 0  # closed loop: operations in flight at most (0: 50 per worker, at least 200)
     quiesce_s: float = 120.0  # after the last submission and the final heal: how long the flow may take
     tick_s: float = 0.25  # how often the driver submits, applies what is due and reports
+    expect: frozenset[str] | None = None  # the classes the soak should find (None: the scenario's own)
 
     def __post_init__(self) -> None:
         if not isinstance(self.scenario, ScenarioSpec):
@@ -70,6 +71,8 @@ class Soak:
         check_int("soak window", self.window, 0, 1_000_000)
         check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)
         check_seconds("soak tick_s", self.tick_s, 0.01, 10)
+        if self.expect is not None and not isinstance(self.expect, frozenset):
+            raise ConfigError(f"soak expect={self.expect!r}", hint='a frozenset, e.g. frozenset({"duplicate-effect"})')
         if not isinstance(self.nemesis, Schedule):
             unknown = [k for k in self.nemesis if k not in KINDS]
             if unknown or isinstance(self.nemesis, str):

@@ -1,6 +1,7 @@
 """Named crash points: armed by the harness, hit by a worker that SIGKILLs itself.
 
-An arm's ``action`` says what happens at the point: ``kill`` (SIGKILL, the default) or one of
+An arm's ``action`` says what happens at the point: ``kill`` (SIGKILL, the default), ``freeze``
+(SIGSTOP until the harness thaws it), or one of
 the forced redeliveries (``REDELIVERY_ACTIONS``): the worker gives the message back to the
 broker by NACK, by ABORT then UNSUBSCRIBE, or by dropping its connection before the ACK, and
 carries on. Every action is a way a real consumer lets a message be delivered again.
@@ -27,7 +28,9 @@ from harness.ledger.writer import LedgerWriter
 # Points every stage passes through; a pattern may declare more (e.g. after_external_call).
 STAGE_POINTS = ("before_db_commit", "after_db_commit", "after_broker_commit", "after_external_call")
 REDELIVERY_ACTIONS = ("nack", "abort_unsubscribe", "disconnect")
-ACTIONS = ("kill", *REDELIVERY_ACTIONS)
+# ``freeze``: the worker SIGSTOPs itself at the point (its transactions stay open, its heart-beats
+# stop) until the harness's ``Thaw``; then it carries on from the point.
+ACTIONS = ("kill", "freeze", *REDELIVERY_ACTIONS)
 # What a wire trap does to the service instance it fires on (harness.traps; a service flow's arms).
 TRAP_ACTIONS = ("kill", "freeze", "drop")
 
@@ -116,7 +119,8 @@ class CrashPoints:
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
         """Record that ``point`` was reached; act on the first arm that matches.
 
-        ``kill``: SIGKILL this process. Otherwise raise ``ForcedRedelivery`` for the caller.
+        ``kill``: SIGKILL this process; ``freeze``: SIGSTOP it (it returns once continued).
+        Otherwise raise ``ForcedRedelivery`` for the caller.
         """
         self.hits[point] += 1
         for arm in self._load():
@@ -131,6 +135,19 @@ class CrashPoints:
             except FileExistsError:
                 continue
             os.close(fd)
+            if arm.action == "freeze":
+                self.ledger.emit(
+                    Kind.CRASH,
+                    op=op,
+                    msg=msg,
+                    stage=stage,
+                    point=point,
+                    arm=arm.id,
+                    worker=self.worker,
+                    action="freeze",
+                )
+                os.kill(os.getpid(), signal.SIGSTOP)  # Thaw continues it here
+                return
             if arm.action != "kill":
                 self.ledger.emit(
                     Kind.FORCED_REDELIVERY, op=op, msg=msg, stage=stage, point=point, arm=arm.id, action=arm.action

@@ -182,7 +182,17 @@ class Workers:
         return Pause(pool.procs[spec.name].pid)
 
     def thaw(self) -> int:
-        return 0
+        """Continue every worker a ``freeze`` arm stopped (SIGCONT to each: a running one ignores it)."""
+        pool = self.session._pool
+        if pool is None:
+            return 0
+        stopped = [p.pid for p in pool.procs.values() if p.alive() and _stopped(p.pid)]
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if stopped:
+            self.session.folder.step(f"thaw {len(stopped)} frozen worker(s)")
+        return len(stopped)
 
     def during_fault(self) -> AbstractContextManager[object]:
         return nullcontext()
@@ -192,6 +202,14 @@ class Workers:
 
     def after_close(self) -> None:
         return None
+
+
+def _stopped(pid: int) -> bool:
+    """Tell whether process ``pid`` is stopped (state ``T`` in /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 WORKERS: ProcessesKind = Workers  # the default part; mypy holds Workers to the protocols
