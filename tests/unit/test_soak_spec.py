@@ -1,0 +1,124 @@
+"""A soak's spec and nemesis: validated before any service starts, seeded, replayable as data."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.run.spec.files import resolve
+from harness.run.spec.steps import Freeze, Heal, Kill, Open, Thaw
+from harness.soak import DEFAULT, Pace, Schedule, Soak, parse_duration, plan
+from harness.soak.driver import schedule_of, soak_spec
+from harness.soak.nemesis import ArmAhead, Timed, parse_kinds
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+TARGETS = ("activemq_stomp", "postgres")
+
+
+def racy() -> Soak:
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    return Soak(spec, duration_s=300, workers=3, seed=4)
+
+
+def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> None:
+    one = plan(DEFAULT, seed=1, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
+    assert one == plan(DEFAULT, seed=1, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
+    assert one != plan(DEFAULT, seed=2, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
+
+
+def test_a_schedule_round_trips_through_its_file(tmp_path: Path) -> None:
+    schedule = plan(DEFAULT, seed=9, length_s=200, targets=TARGETS, instances=3, points=("before_db_commit",))
+    kinds = {type(t.step) for t in schedule.entries}
+    assert {Open, Heal, Kill, Freeze, Thaw, ArmAhead} <= kinds  # every kind the default mix draws
+    again = Schedule.from_records(json.loads(schedule.write(tmp_path).read_text()))
+    assert again == schedule
+
+
+def test_windows_are_healed_in_order_and_rest_between() -> None:
+    schedule = plan(("latency", "partition"), seed=3, length_s=300, targets=TARGETS, pace=Pace(compound=0))
+    opens = [t.at_s for t in schedule.entries if isinstance(t.step, Open)]
+    heals = [t.at_s for t in schedule.entries if isinstance(t.step, Heal)]
+    assert len(opens) == len(heals) > 10
+    # Each window heals before the next opens (no compound windows asked for).
+    assert all(o < h < n for o, h, n in zip(opens, heals, opens[1:], strict=False))
+    assert opens[0] >= Pace().first_s
+
+
+def test_a_freeze_is_thawed_after_at_least_the_heartbeat_timeout() -> None:
+    schedule = plan(("freeze",), seed=5, length_s=60, targets=TARGETS, points=("before_db_commit", "after_db_commit"))
+    arms = [t for t in schedule.entries if isinstance(t.step, ArmAhead)]
+    thaws = [t for t in schedule.entries if isinstance(t.step, Thaw)]
+    assert len(arms) == len(thaws) > 3
+    assert all(a.step.crash.point == "before_db_commit" and a.step.crash.action == "freeze" for a in arms)  # type: ignore[union-attr]
+    assert all(t.at_s - a.at_s >= 3.5 for a, t in zip(arms, thaws, strict=True))
+
+
+def test_without_crash_points_crash_and_freeze_are_skipped() -> None:
+    schedule = plan(("crash", "freeze"), seed=1, length_s=60, targets=TARGETS)
+    assert schedule.entries == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0), ("250ms", 0.25)]
+)
+def test_durations_read_as_people_write_them(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten minutes", "-5m", "0s", "5d"])
+def test_a_bad_duration_is_refused_with_the_fix(text: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape("e.g. 90s, 10m or 1h")):
+        parse_duration(text)
+
+
+def test_nemesis_kinds_parse_and_a_bad_one_is_named() -> None:
+    assert parse_kinds("default") == DEFAULT
+    assert parse_kinds("none") == ()
+    assert parse_kinds("latency, kill") == ("latency", "kill")
+    with pytest.raises(ConfigError, match="'earthquake'"):
+        parse_kinds("latency,earthquake")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"ops": 10, "duration_s": 5.0}, "ops=10 and duration_s=5.0"),
+        ({"ops": 0}, "soak ops=0"),
+        ({"workers": 0}, "soak workers=0"),
+        ({"rate": -1.0}, "soak rate"),
+        ({"nemesis": "latency"}, "soak nemesis='latency'"),
+        ({"nemesis": ("latency", "flood")}, "flood"),
+        ({"expect": {"lost"}}, "soak expect"),
+    ],
+)
+def test_a_bad_soak_is_refused_naming_the_value(fields: dict[str, object], named: str) -> None:
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        Soak(spec, **fields)  # type: ignore[arg-type]
+
+
+def test_the_soak_runs_its_scenario_with_its_seed_and_workers_and_no_scripted_faults() -> None:
+    soak = racy()
+    spec = soak_spec(soak)
+    assert (spec.seed, spec.workers, spec.crashes, spec.faults) == (4, 3, (), ())
+    assert spec.timeout_s == soak.quiesce_s
+    schedule = schedule_of(soak, spec)
+    assert schedule == schedule_of(soak, spec)  # seeded
+    kills = [t.step for t in schedule.entries if isinstance(t.step, Kill)]
+    assert kills
+    assert all(0 <= k.instance < 3 for k in kills)
+    targets = {t.step.target for t in schedule.entries if isinstance(t.step, Open)}
+    assert targets <= {"activemq_stomp", "postgres"}
+
+
+def test_the_closed_loop_window_and_the_length() -> None:
+    soak = racy()
+    assert soak.in_flight == 200
+    assert soak.length_s == 300
+    assert Soak(soak.scenario, ops=50_000, rate=500).length_s == 100
+    assert Soak(soak.scenario, workers=8).in_flight == 400
+    assert isinstance(Timed(1.0, Heal()).step, Heal)
