@@ -300,9 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmarks: `stack` (start, reset, throughput), `verify` (ledger engines), "
         "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput), `traps` "
         "(wire traps), `services` (services under test: traps in the window, clean path, search), "
-        "`bare` (the machine's limit: broker and database work without the harness)",
+        "`bare` (the machine's limit: broker and database work without the harness), "
+        "`soak` (soaks beside the bare loops, verified by both engines)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare"))
+    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak"))
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 

@@ -36,11 +36,11 @@ class Dialect:
 DUCKDB = Dialect(
     "duckdb",
     "json_extract_string({0}, '$.{1}')",
-    "({0} // {1})",
+    "(({0}) // {1})",
     "CAST(count(*) FILTER (WHERE {0}) AS INT)",
     "{0}(ts_ns) FILTER (WHERE {1})",
 )
-SPARK = Dialect("spark", "get_json_object({0}, '$.{1}')", "({0} div {1})")
+SPARK = Dialect("spark", "get_json_object({0}, '$.{1}')", "(({0}) div {1})")
 
 _SQL_OPS = {"==": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
 

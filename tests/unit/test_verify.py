@@ -156,3 +156,23 @@ def test_verify_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (clean / "manifest.json").write_text(json.dumps({"complete": True, "contract": {"expects_downstream": True}}))
     assert verify_main([str(clean), "--engine", "in-process"]) == 0
     assert "CLEAN" in capsys.readouterr().out
+
+
+def test_latency_is_submit_to_first_downstream_in_ms_whatever_the_epoch() -> None:
+    # Real timestamps are ~1.8e18 ns: a precedence slip (a - b // 1000) once made p50 ~1.8e15 ms.
+    import pyarrow as pa
+
+    from harness.ledger.schema import ARROW_SCHEMA, Kind, empty_row
+    from harness.run.spec.scenario import FlowContract
+    from harness.verify.checker import check_table
+
+    epoch = 1_795_592_496_840_498_896
+    rows = []
+    for n, took_ms in enumerate((150, 250, 350)):
+        op = f"op-{n}"
+        for seq, (kind, at) in enumerate(((Kind.SUBMIT, 0), (Kind.DOWNSTREAM, took_ms), (Kind.DOWNSTREAM, 5_000))):
+            fields = {"ts_ns": epoch + at * 1_000_000, "src": f"w{n}", "pid": n + 1, "seq": seq}
+            rows.append(empty_row() | fields | {"kind": str(kind), "op": op})
+    verdict = check_table(pa.Table.from_pylist(rows, schema=ARROW_SCHEMA), FlowContract(), snapshot=False)
+    latency = verdict.stats["latency_ms"]
+    assert (latency["count"], latency["p50"], latency["max"]) == (3, 250.0, 350.0), latency
