@@ -15,7 +15,9 @@ docs/handlers.md):
   serves; ``DtmClient`` talks to the DTM server at ``ctx.endpoints``.
 
 ``run_scenario(spec, endpoints)`` runs any of them (in pytest, the ``txchaos_run`` fixture);
-``Schema`` brings your own tables; ``FaultWindow`` holds a fault while the flow runs.
+``Schema`` brings your own tables; ``FaultWindow`` holds a fault while the flow runs;
+``run_soak(Soak(spec, duration_s=600), endpoints)`` drives one for long under a fault schedule
+(in pytest, ``txchaos_soak``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ _EXPORTS = {
     "KafkaStageOptions": "harness.worker.kafka_options",
     "SagaOptions": "harness.patterns.saga_options",
     "DtmClient": "harness.clients.dtm",
+    "Soak": "harness.soak.spec",
+    "SoakResult": "harness.soak.driver",
+    "run_soak": "harness.soak.driver",
 }
 
 __all__ = [
@@ -121,6 +126,8 @@ __all__ = [
     "ServiceFailed",
     "Slicer",
     "SlowClose",
+    "Soak",
+    "SoakResult",
     "StackError",
     "Stage",
     "StageContext",
@@ -137,6 +144,7 @@ __all__ = [
     "profile",
     "read_ledger",
     "run_scenario",
+    "run_soak",
     "stage_machine",
 ]
 
@@ -177,6 +185,8 @@ if TYPE_CHECKING:
     from harness.run.spec.scenario import Crash, FaultWindow, Helper, ScenarioSpec, Stage
     from harness.run.spec.schema import Schema
     from harness.run.spec.service import Service
+    from harness.soak.driver import SoakResult, run_soak
+    from harness.soak.spec import Soak
     from harness.stack.base import Endpoint, Endpoints
     from harness.stack.local import LocalProvider
     from harness.stack.selection import make_provider
