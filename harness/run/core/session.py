@@ -37,6 +37,7 @@ from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spe
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
+from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
 from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
@@ -109,7 +110,7 @@ class RunSession:
         self.ns = f"txchaos.{self.folder.run_id}"
         ports = free_ports(sum(h.port for h in spec.helpers))
         self.helper_ports = {h.name: ports.pop() for h in spec.helpers if h.port}
-        self.ops: list[str] = []
+        self.ops = OpIds(f"{spec.variant}-s{spec.seed}-op")  # ids derived from numbers, never stored
         self.arms: list[CrashArm] = []
         self._numbers = itertools.count()
         self._engine: db.Engine | None = None
@@ -365,7 +366,7 @@ class RunSession:
 
     def op_id(self, n: int) -> str:
         """Return the id of the run's operation number ``n`` (deterministic, so a seed replays)."""
-        return f"{self.spec.variant}-s{self.spec.seed}-op{n:05d}"
+        return self.ops.id(n)
 
     def engine(self, what: str) -> db.Engine:
         """Return the run's database engine; ``what`` names the call refused when the run is not open."""

@@ -18,12 +18,13 @@ from harness.poll import deadline_in, poll_until
 from harness.run.core.books import Book
 from harness.run.core.session import RunSession
 from harness.run.processes.supervisor import WorkerPool
+from harness.run.spec.ops import OpSet
 from harness.run.transports.base import Transport
 
 
 class _Sink(Protocol):
     def check(self) -> None: ...
-    def accounted(self) -> set[str]: ...
+    def accounted(self) -> OpSet: ...
     def count(self) -> int: ...
     def stop(self, *, idle_s: float = 0.3) -> None: ...
 
@@ -100,7 +101,8 @@ class SinkSession(RunSession, Generic[SinkT]):
         sink = self._sink
         if sink is None:
             raise HarnessError("close() of a run whose sink is gone", hint="open the run again")
-        want = set(self.ops)
+        ops, out = self.ops, sink.accounted()
+        want = len(ops)
         deadline = deadline_in(self.spec.timeout_s)
         nothing_more = self._nothing_more(sink, pool)
         last_report, all_out = 0, False
@@ -108,23 +110,23 @@ class SinkSession(RunSession, Generic[SinkT]):
         def quiet() -> bool:
             nonlocal last_report, all_out
             sink.check()
-            done = len(want & sink.accounted())
-            if done == len(want):
+            done = out.count_of(ops)
+            if done == want:
                 all_out = True
                 return True
-            if nothing_more(done, len(want) - done):
+            if nothing_more(done, want - done):
                 return True
-            if done - last_report >= max(1, len(want) // 10):
-                self.progress(f"{done}/{len(want)} operations out, {pool.restarts} worker restart(s)")
+            if done - last_report >= max(1, want // 10):
+                self.progress(f"{done}/{want} operations out, {pool.restarts} worker restart(s)")
                 last_report = done
             return False
 
         if not poll_until(quiet, deadline=deadline):
-            self.progress(f"timeout after {self.spec.timeout_s}s: {len(want - sink.accounted())} operation(s) not out")
+            self.progress(f"timeout after {self.spec.timeout_s}s: {want - out.count_of(ops)} operation(s) not out")
         elif all_out:
             self._all_out(pool, deadline)
         self._after_out(deadline)
-        self._quiescent(lambda: len(sink.accounted() & want), "out", pool)
+        self._quiescent(lambda: out.count_of(ops), "out", pool)
 
     def books(self) -> tuple[Book, ...]:
         """The input's residue, then the sink's last reads (``SinkStopped``), then the effects."""

@@ -19,6 +19,7 @@ from harness.run.core.books import Book, UnsentOutbox
 from harness.run.core.sink_session import SinkSession
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
+from harness.run.spec.ops import OpSet
 from harness.run.transports.activemq import ActiveMQTransport
 from harness.run.transports.activemq_sink import QueueResidue, Sink
 from harness.run.transports.settle import Settlement
@@ -158,7 +159,7 @@ class StageRunSession(SinkSession[Sink]):
         pool = self._pool
 
         def unsettled() -> set[str]:
-            out = self._sink.accounted() if self._sink is not None else set()
+            out = self._sink.accounted() if self._sink is not None else OpSet()
             live = {p.pid for p in pool.procs.values() if p.alive()} if pool is not None else None
             return settlement.unsettled(out, live)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Container
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ class Settlement:
         if grew:
             self.last_event = time.monotonic()
 
-    def unsettled(self, out: Collection[str] = (), live: Collection[int] | None = None) -> set[str]:
+    def unsettled(self, out: Container[str] = (), live: Collection[int] | None = None) -> set[str]:
         """Return the message ids whose latest delivery has no commit or NACK by its receiver since.
 
         With ``live`` (the pids of the processes running now): a delivery whose receiver is gone,
@@ -88,7 +88,7 @@ class Settlement:
             and not (live is not None and pid not in live and ts < old and self._msg_op.get(msg) in out)
         }
 
-    def given_back(self, out: set[str]) -> set[str]:
+    def given_back(self, out: Container[str]) -> set[str]:
         """Return the operations NACKed since their latest delivery and not in ``out`` (came out).
 
         A NACKed message is dead-lettered at once by a broker without the redelivery plugin, and

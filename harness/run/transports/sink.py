@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import Counter
 
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.poll import deadline_in, poll_until
+from harness.run.spec.ops import OpSet
 
 
 class SinkBase:
@@ -24,7 +24,7 @@ class SinkBase:
     def __init__(self, ledger: LedgerWriter, kinds: dict[str, Kind], *, name: str) -> None:
         self.ledger = ledger
         self.kinds = kinds  # destination -> the event a message read there is
-        self.seen: Counter[str] = Counter()  # op -> messages that came out (downstream or dead letter)
+        self.out = OpSet()  # the operations that came out (downstream or dead letter): a byte each
         self.received = 0
         # Where an output names its operation when it is not the harness's convention (the
         # ``txchaos-op`` header, the record key, the body's ``op``): a JSON path into the body.
@@ -50,19 +50,19 @@ class SinkBase:
             self._last = time.monotonic()
             self.received += 1
             if op:
-                self.seen[op] += 1
+                self.out.add(op)
 
     def start(self) -> None:
         self._thread.start()
 
-    def accounted(self) -> set[str]:
-        with self._lock:
-            return set(self.seen)
+    def accounted(self) -> OpSet:
+        """Return the operations that came out so far: the live set (it only grows), not a copy."""
+        return self.out
 
     def count(self) -> int:
-        """Return how many operations came out so far (without copying them, as ``accounted`` does)."""
+        """Return how many operations came out so far."""
         with self._lock:
-            return len(self.seen)
+            return len(self.out)
 
     def quiet_s(self) -> float:
         """Return how long nothing has arrived."""
