@@ -155,3 +155,37 @@ def test_synth_writes_ground_truth_and_contiguous_seqs(tmp_path: Path) -> None:
         assert (seqs == np.arange(len(seqs))).all(), src
     assert (run / "ledger" / PARQUET_NAME / "_layout.json").is_file()
     assert os.path.getsize(run / "manifest.json") > 0
+
+
+def test_a_whole_segment_reads_through_arrow_as_the_line_reader_reads_it(tmp_path: Path) -> None:
+    from harness.ledger.reader import _arrow_segment, read_segment
+
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "worker-0") as w:
+        for n in range(50):
+            w.emit(Kind.DELIVER, op=f"v-s0-op{n:05d}", msg=f"m{n}", attempt=1 + n % 2, redelivered=bool(n % 3))
+            w.emit(Kind.DB_COMMIT, op=f"v-s0-op{n:05d}", partition=n % 3, offset=n)
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    fast = _arrow_segment(seg)
+    assert fast is not None
+    rows, damaged = read_segment(seg)
+    assert damaged == 0
+    assert fast.to_pylist() == [{c: r.get(c) for c in COLUMNS} for r in rows]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b'{"ts_ns":1,"src":"d","pid":1,"seq":true,"kind":"x"}\n', b"[1]\n", b'{"ts_ns":1,"src":"d","pid":1,"seq":9,"ki'],
+)
+def test_a_damaged_segment_falls_back_to_the_line_reader_and_counts_the_damage(tmp_path: Path, bad: bytes) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as w:
+        w.emit(Kind.SUBMIT, op="v-s0-op00000")
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    with seg.open("ab") as fh:
+        fh.write(bad)
+    events = read_segments(ledger)
+    assert events["op"].to_pylist() == ["v-s0-op00000"]
+    from harness.ledger.reader import segment_damage
+
+    assert segment_damage(ledger) == {seg.name: 1}
