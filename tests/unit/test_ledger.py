@@ -189,3 +189,26 @@ def test_a_damaged_segment_falls_back_to_the_line_reader_and_counts_the_damage(t
     from harness.ledger.reader import segment_damage
 
     assert segment_damage(ledger) == {seg.name: 1}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"op": "v-s0-op00001", "msg": "ID:a\\c1", "attempt": 2, "partition": 0, "offset": 12},
+        {"op": 'quote" and \\ and é and \n', "stage": "s1", "dest": "q", "point": "after_db_commit"},
+        {"op": "x", "redelivered": True, "reason": "naïve", "nested": {"b": 1, "a": [1, 2]}},
+    ],
+)
+def test_a_row_is_written_exactly_as_the_json_encoder_writes_the_row(tmp_path: Path, fields: dict[str, object]) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "wörker-0") as w:
+        w.emit(Kind.DELIVER, **fields)  # type: ignore[arg-type]
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    line = seg.read_text()
+    row = json.loads(line)
+    named = {c: fields.get(c) for c in COLUMNS if c not in ("ts_ns", "src", "pid", "seq", "kind", "detail")}
+    detail = {k: v for k, v in fields.items() if k not in named}
+    expected = {"ts_ns": row["ts_ns"], "src": "wörker-0", "pid": os.getpid(), "seq": 0, "kind": "deliver", **named}
+    expected["detail"] = json.dumps(detail, sort_keys=True) if detail else "{}"
+    assert line == json.dumps(expected, separators=(",", ":")) + "\n"
