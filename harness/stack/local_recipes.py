@@ -246,7 +246,7 @@ class Recipes:
         }
         return self._java(
             self.tools.activemq_lib,
-            "256m",
+            "1g",
             FIXTURES / "activemq" / "log4j2.properties",
             props,
             ["org.apache.activemq.console.Main", "start", f"xbean:file:{FIXTURES / 'activemq' / self.activemq_config}"],
@@ -295,7 +295,7 @@ class Recipes:
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = self._java(
             self.tools.kafka_lib,
-            "256m",
+            "1g",
             FIXTURES / "kafka" / "log4j2.properties",
             {},
             ["kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(fmt_props)],

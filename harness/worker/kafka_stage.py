@@ -108,22 +108,23 @@ class KafkaStageWorker(WorkerRuntime):
     def _covered(self, committed: dict[TP, int]) -> None:
         """Write a broker_commit for every handed-out record the committed offsets now cover."""
         member = self._member()
-        for tp, upto in committed.items():
-            waiting = self.pending.get(tp, [])
-            done = [(o, op) for o, op in waiting if o < upto]
-            self.pending[tp] = [(o, op) for o, op in waiting if o >= upto]
-            for offset, op in done:
-                self.ledger.emit(
-                    Kind.BROKER_COMMIT,
-                    op=op,
-                    msg=f"{tp[0]}/{tp[1]}@{offset}",
-                    stage=self.spec.stage,
-                    dest=tp[0],
-                    partition=tp[1],
-                    offset=offset,
-                    committed=upto,
-                    **member,
-                )
+        with self.ledger.batch():  # after the commit: one write for all it covered
+            for tp, upto in committed.items():
+                waiting = self.pending.get(tp, [])
+                done = [(o, op) for o, op in waiting if o < upto]
+                self.pending[tp] = [(o, op) for o, op in waiting if o >= upto]
+                for offset, op in done:
+                    self.ledger.emit(
+                        Kind.BROKER_COMMIT,
+                        op=op,
+                        msg=f"{tp[0]}/{tp[1]}@{offset}",
+                        stage=self.spec.stage,
+                        dest=tp[0],
+                        partition=tp[1],
+                        offset=offset,
+                        committed=upto,
+                        **member,
+                    )
 
     def _join(self) -> GroupConsumer:
         o = self.opts
@@ -172,18 +173,19 @@ class KafkaStageWorker(WorkerRuntime):
             highest[r.tp] = max(highest.get(r.tp, -1), r.offset)
         before = {tp: self.high.mark(tp, top) for tp, top in highest.items()}
         ops = []
-        for i, r in enumerate(records):
-            op = op_of(r)
-            redelivered = r.offset <= before[r.tp]
-            attempt = 1
-            if redelivered:
-                self.attempts[r.coord] += 1
-                attempt = 1 + self.attempts[r.coord]
-            self._emit(
-                Kind.DELIVER, r, op, attempt=attempt, redelivered=redelivered, batch=self.batches, index=i, **member
-            )
-            self.pending.setdefault(r.tp, []).append((r.offset, op))
-            ops.append(op)
+        with self.ledger.batch():  # one write for the batch's deliveries: nothing can crash between them
+            for i, r in enumerate(records):
+                op = op_of(r)
+                redelivered = r.offset <= before[r.tp]
+                attempt = 1
+                if redelivered:
+                    self.attempts[r.coord] += 1
+                    attempt = 1 + self.attempts[r.coord]
+                self._emit(
+                    Kind.DELIVER, r, op, attempt=attempt, redelivered=redelivered, batch=self.batches, index=i, **member
+                )
+                self.pending.setdefault(r.tp, []).append((r.offset, op))
+                ops.append(op)
         return ops
 
     def process_batch(self, records: list[Record]) -> None:
@@ -241,11 +243,13 @@ class KafkaStageWorker(WorkerRuntime):
         except BaseException:
             if trans.is_active:
                 trans.rollback()
-            for r, op in zip(records, ops, strict=True):
-                self._emit(Kind.DB_ROLLBACK, r, op)
+            with self.ledger.batch():
+                for r, op in zip(records, ops, strict=True):
+                    self._emit(Kind.DB_ROLLBACK, r, op)
             raise
-        for r, op in zip(records, ops, strict=True):
-            self._emit(Kind.DB_COMMIT, r, op)
+        with self.ledger.batch():
+            for r, op in zip(records, ops, strict=True):
+                self._emit(Kind.DB_COMMIT, r, op)
         return contexts
 
     def _one(self, r: Record, op: str) -> None:
@@ -318,9 +322,10 @@ class KafkaStageWorker(WorkerRuntime):
             return exc
         for r, op in zip(records, ops, strict=True):
             self._reach("after_db_commit", r, op)
-        for ctx, r, op in zip(contexts, records, ops, strict=True):
-            self._outputs(ctx, r, op)
-            self._done(r)
+        with self.ledger.batch():  # producing is asynchronous: the offset commit is what waits for it
+            for ctx, r, op in zip(contexts, records, ops, strict=True):
+                self._outputs(ctx, r, op)
+                self._done(r)
         return None
 
     def _survivable(self, exc: Exception, r: Record | None, op: str | None, attempt: int) -> bool:

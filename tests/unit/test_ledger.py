@@ -212,3 +212,33 @@ def test_a_row_is_written_exactly_as_the_json_encoder_writes_the_row(tmp_path: P
     expected = {"ts_ns": row["ts_ns"], "src": "wörker-0", "pid": os.getpid(), "seq": 0, "kind": "deliver", **named}
     expected["detail"] = json.dumps(detail, sort_keys=True) if detail else "{}"
     assert line == json.dumps(expected, separators=(",", ":")) + "\n"
+
+
+def test_a_batch_writes_its_events_in_one_call_when_it_ends(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "worker-0") as w:
+        (seg,) = (ledger / "segments").glob("*.jsonl")
+        with w.batch():
+            for n in range(3):
+                w.emit(Kind.DELIVER, op=f"v-s0-op{n:05d}")
+            assert seg.read_bytes() == b""  # held until the block ends
+            with pytest.raises(RuntimeError, match="nest"), w.batch():
+                pass
+        w.emit(Kind.DB_COMMIT, op="v-s0-op00000")
+    rows = [json.loads(line) for line in seg.read_text().splitlines()]
+    assert [(r["seq"], r["kind"]) for r in rows] == [(0, "deliver"), (1, "deliver"), (2, "deliver"), (3, "db_commit")]
+
+
+def test_a_batch_is_its_threads_own(tmp_path: Path) -> None:
+    import threading
+
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as w:
+        (seg,) = (ledger / "segments").glob("*.jsonl")
+        with w.batch():
+            w.emit(Kind.DOWNSTREAM, op="v-s0-op00000")
+            other = threading.Thread(target=lambda: w.emit(Kind.SUBMIT, op="v-s0-op00001"))
+            other.start()
+            other.join()
+            assert [json.loads(x)["kind"] for x in seg.read_text().splitlines()] == ["submit"]
+    assert sorted(json.loads(x)["seq"] for x in seg.read_text().splitlines()) == [0, 1]

@@ -55,13 +55,16 @@ class SinkSession(RunSession, Generic[SinkT]):
         """
         self.engine("submit")  # refuses a run that is not open
         new = self._mint(count)
-        for op in new:
-            n = len(self.ops)
-            fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
-            if poison or n in self.spec.poison:
-                fields["poison"] = True
-            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_dest)
-            self.transport.send(self.input_dest, self._body(fields), key=op, headers={"txchaos-op": op})
+        bodies = []
+        with self.ledger.batch():  # every SUBMIT written (in one call) before the first goes out
+            for n, op in enumerate(new, start=len(self.ops)):
+                fields: dict[str, object] = {"op": op, "n": n, "amount": 1 + n % 7}
+                if poison or n in self.spec.poison:
+                    fields["poison"] = True
+                self.ledger.emit(Kind.SUBMIT, op=op, dest=self.input_dest)
+                bodies.append(self._body(fields))
+        for op, body in zip(new, bodies, strict=True):
+            self.transport.send(self.input_dest, body, key=op, headers={"txchaos-op": op})
             self.ops.append(op)
         self.transport.flush()
         self.folder.step(f"submit {count} {'poison ' if poison else ''}operation(s) to {self.input_dest}")

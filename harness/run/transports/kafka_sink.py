@@ -44,21 +44,25 @@ class KafkaSink(SinkBase):
                     caught_up = self._reader.caught_up()
                     with self._lock:
                         self._caught_up_at = now if caught_up else None
-                for rec in records:
-                    op = self.op_in(rec.headers, rec.value, op_of(rec)) or rec.coord
-                    kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
-                    detail: dict[str, Any] = {}
-                    if "txchaos-error" in rec.headers:
-                        detail["error"] = rec.headers["txchaos-error"]
-                    self.ledger.emit(
-                        kind,
-                        op=op,
-                        msg=rec.coord,
-                        dest=rec.topic,
-                        partition=rec.partition,
-                        offset=rec.offset,
-                        **detail,
-                    )
+                ops = []
+                with self.ledger.batch():  # one write a poll; each counted out once its event is written
+                    for rec in records:
+                        op = self.op_in(rec.headers, rec.value, op_of(rec)) or rec.coord
+                        kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
+                        detail: dict[str, Any] = {}
+                        if "txchaos-error" in rec.headers:
+                            detail["error"] = rec.headers["txchaos-error"]
+                        self.ledger.emit(
+                            kind,
+                            op=op,
+                            msg=rec.coord,
+                            dest=rec.topic,
+                            partition=rec.partition,
+                            offset=rec.offset,
+                            **detail,
+                        )
+                        ops.append(op)
+                for op in ops:
                     self._saw(op)
         except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
             self._error = exc
