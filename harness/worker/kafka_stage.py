@@ -47,8 +47,6 @@ class KafkaStageWorker(WorkerRuntime):
         self.bootstrap = self.endpoints.kafka.address
         handler: Any = load_handler(spec.handler)
         self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else per_record(handler)
-        self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
-        self._conn: db.Connection | None = None
         self.high = HighWater(self.run_dir / "kafka-high")
         # Records handed out and not yet covered by an offset commit, per partition: (offset, op).
         self.pending: dict[TP, list[tuple[int, str]]] = {}
@@ -58,12 +56,6 @@ class KafkaStageWorker(WorkerRuntime):
         self.producer: OutputProducer | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _db(self) -> db.Connection:
-        """Return the stage's connection, kept open: a pool checkout per record costs a ping."""
-        if self._conn is None or self._conn.closed or self._conn.invalidated:
-            self._conn = self.engine.connect()
-        return self._conn
-
     def _member(self, *, with_id: bool = False) -> dict[str, Any]:
         """Return the group generation (and member id): per-record events carry the generation,
         ``rebalance`` events also the member id, which (src, pid, generation) then leads to."""
@@ -228,7 +220,7 @@ class KafkaStageWorker(WorkerRuntime):
     def _transaction(self, records: list[Record], ops: list[str], *, poll_points: bool) -> list[KafkaContext]:
         """Run the handler on ``records`` in one DB transaction and commit it; on any error roll
         back, write a rollback per record and re-raise. ``poll_points``: reach ``after_poll`` inside."""
-        conn = self._db()
+        conn = self.stage_db()
         trans = conn.begin()
         contexts: list[KafkaContext] = []
         try:

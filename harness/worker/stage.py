@@ -63,7 +63,6 @@ class StageWorker(WorkerRuntime):
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)
         self.handler: Handler = load_handler(spec.handler)
-        self.engine = db.engine(self.endpoints.postgres_url, pool_size=1)
         self._sub = ""
 
     def serve(self) -> None:
@@ -129,35 +128,36 @@ class StageWorker(WorkerRuntime):
             emit(Kind.SEND, op=op, msg=mid, stage=stage, dest=target)
 
         try:
-            with self.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    ctx = StageContext(
-                        op=op,
-                        body=body,
-                        db=conn,
-                        options=self.spec.options,
-                        worker=self.spec.name,
-                        stage=stage,
-                        _record=lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
-                        _crash=reach,
-                        _side=self.side,
-                        message=msg,
-                        _send=send,
-                        _dlq=dlq_name(self.spec.input_queue),
-                    )
-                    self.handler(ctx)
-                    reach("before_db_commit")
-                    trans.commit()
-                except BaseException:
-                    trans.rollback()
-                    emit(Kind.DB_ROLLBACK, op=op, msg=mid, stage=stage)
-                    raise
+            conn = self.stage_db()
+            trans = conn.begin()
+            try:
+                ctx = StageContext(
+                    op=op,
+                    body=body,
+                    db=conn,
+                    options=self.spec.options,
+                    worker=self.spec.name,
+                    stage=stage,
+                    _record=lambda kind, **d: emit(kind, op=op, msg=mid, stage=stage, **d),
+                    _crash=reach,
+                    _side=self.side,
+                    message=msg,
+                    _send=send,
+                    _dlq=dlq_name(self.spec.input_queue),
+                )
+                self.handler(ctx)
+                reach("before_db_commit")
+                trans.commit()
+            except BaseException:
+                trans.rollback()
+                emit(Kind.DB_ROLLBACK, op=op, msg=mid, stage=stage)
+                raise
             emit(Kind.DB_COMMIT, op=op, msg=mid, stage=stage)
             reach("after_db_commit")
             client.ack(msg, transaction=tx)
             client.commit(tx)
             emit(Kind.BROKER_COMMIT, op=op, msg=mid, stage=stage)
+            self.attempts.pop(mid, None)  # committed: never delivered again, so no count to keep
             reach("after_broker_commit")
         except ForcedRedelivery as forced:
             if forced.point == "after_broker_commit":
