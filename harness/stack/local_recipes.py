@@ -246,7 +246,7 @@ class Recipes:
         }
         return self._java(
             self.tools.activemq_lib,
-            "1g",
+            "1g",  # a deep queue's cursors in 256 MB ended in back-to-back full GCs (activemq.xml)
             FIXTURES / "activemq" / "log4j2.properties",
             props,
             ["org.apache.activemq.console.Main", "start", f"xbean:file:{FIXTURES / 'activemq' / self.activemq_config}"],

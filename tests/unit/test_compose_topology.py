@@ -95,7 +95,7 @@ def test_postgres_runs_the_local_providers_settings(monkeypatch: pytest.MonkeyPa
     assert "--auth-host=scram-sha-256" in dockerfile
 
 
-@pytest.mark.parametrize(("service", "heap"), [("activemq", "-Xmx256m"), ("kafka", "-Xmx384m")])
+@pytest.mark.parametrize(("service", "heap"), [("activemq", "-Xmx1g"), ("kafka", "-Xmx384m")])
 def test_brokers_run_with_the_local_providers_jvm_flags(service: str, heap: str) -> None:
     argv = _entrypoint(service)
     assert argv[:3] == ["java", heap, "-Xms64m"]
