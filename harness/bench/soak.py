@@ -115,8 +115,8 @@ def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, 
     stats = summary["stats"]
     console.print(
         f"{CASES[case].label}: {stats['ops_per_s']:,.0f} ops/s, {summary['outcome']} {summary['counts']}, "
-        f"RSS {stats['driver_peak_rss_mb']:.0f} MB, in-process {summary['inproc_s']:.1f}s, "
-        f"Spark {summary['spark_s']:.1f}s"
+        f"RSS {stats['driving_rss_mb']:.0f} MB driving, {stats['driver_peak_rss_mb']:.0f} MB peak, "
+        f"in-process {summary['inproc_s']:.1f}s, Spark {summary['spark_s']:.1f}s"
     )
     return summary
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{stats['submitted']:,}",
                     f"{stats['wall_s']:.1f}",
                     f"{stats['ops_per_s']:,.0f}",
-                    f"{stats['driver_peak_rss_mb']:.0f}",
+                    f"{stats['driving_rss_mb']:.0f} / {stats['driver_peak_rss_mb']:.0f}",
                     f"{s['events']:,}",
                     f"{s['inproc_s']:.1f}",
                     f"{s['spark_s']:.1f} (job {s['spark_job_s']:.1f})" + ("" if s["spark_agrees"] else " DISAGREES"),
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{counts}; {versus}".strip("; "),
                 ]
             )
-    headers = ["run", "ops", "wall s", "ops/s (end to end)", "driver peak RSS MB", "ledger events"]
+    headers = ["run", "ops", "wall s", "ops/s (end to end)", "driver RSS MB (driving / peak)", "ledger events"]
     headers += ["in-process verify s", "Spark verify s", "nemesis", "verdict; vs bare loop"]
     text = table(headers, rows)
     console.print(text)

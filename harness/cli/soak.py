@@ -109,7 +109,7 @@ def show_soak(result: SoakResult) -> int:
         f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; submitting "
         f"{stats.submit_s:.1f}s, closing {stats.close_s:.1f}s); {stats.windows} fault window(s), "
         f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed; "
-        f"driver peak RSS {stats.driver_peak_rss_mb:.0f} MB"
+        f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
     from harness.soak.driver import witness_sample

@@ -54,7 +54,8 @@ class SoakStats:
     submit_s: float  # first submission to last
     close_s: float  # the final heal, quiescence, the books and the verdict
     wall_s: float  # first submission to verdict: what ops_per_s divides by
-    driver_peak_rss_mb: float
+    driver_peak_rss_mb: float  # the whole command: the closing compaction and verdict included
+    driving_rss_mb: float  # the most the driver held while it submitted and the nemesis ran
     interrupted: bool
 
     @property
@@ -132,6 +133,7 @@ class _Driver:
         self._next_report = 0.0
         self._next_anomaly_check = 0.0
         self._pace = (Path(session.folder.path) / PACE_LOG).open("a")
+        self.rss_mb = 0.0  # the largest resident size seen at a report, while driving
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -186,6 +188,7 @@ class _Driver:
             return
         self._next_report = now + 1.0
         session = self.session
+        self.rss_mb = max(self.rss_mb, resident_mb())
         if now >= self._next_anomaly_check:  # a GROUP BY over the effect table: not every second
             self._next_anomaly_check = now + 10.0
             try:
@@ -200,6 +203,7 @@ class _Driver:
             "open": list(self.open_faults),
             "restarts": session.restarts,
             "duplicates": self.anomalies_seen,
+            "rss_mb": round(self.rss_mb, 1),
         }
         self._pace.write(json.dumps(line) + "\n")
         self._pace.flush()
@@ -259,11 +263,21 @@ def run_soak(
         close_s=round(ended - closing, 3),
         wall_s=round(ended - driver.first, 3),
         driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        driving_rss_mb=round(driver.rss_mb, 1),
         interrupted=interrupted,
     )
     soaked = SoakResult(result, soak, schedule, stats)
     write_summary(soaked)
     return soaked
+
+
+def resident_mb() -> float:
+    """Return this process's resident set size now, in MB (Linux)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * resource.getpagesize() / 1e6
 
 
 def witness_sample(verdict: Verdict, per_class: int = WITNESSES_PER_CLASS) -> dict[str, list[dict[str, Any]]]:
