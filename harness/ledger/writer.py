@@ -27,18 +27,13 @@ _EMPTY_DETAIL = '"{}"'
 BATCH_BYTES = 1 << 20  # a batch writes what it holds once it holds this much
 
 
-def _text(value: object) -> str:
-    """Return ``value`` as JSON, as ``_ROW`` writes it (a string through the C escaper directly)."""
+def _field(value: object) -> str:
+    """Return ``value`` as JSON, as ``_ROW`` writes it: text and whole numbers directly (text through
+    the C escaper), anything else through the encoder."""
     if value is None:
         return "null"
     if type(value) is str:
         return _quote(value)
-    return _ROW.encode(value)
-
-
-def _number(value: object) -> str:
-    if value is None:
-        return "null"
     if type(value) is int:
         return str(value)
     return _ROW.encode(value)
@@ -93,9 +88,9 @@ class LedgerWriter:
         with self._lock:
             line = (
                 f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'
-                f'"kind":{_quote(str(kind))},"op":{_text(op)},"msg":{_text(msg)},"stage":{_text(stage)},'
-                f'"dest":{_text(dest)},"attempt":{_number(attempt)},"point":{_text(point)},'
-                f'"partition":{_number(partition)},"offset":{_number(offset)},"detail":{info}}}\n'
+                f'"kind":{_quote(str(kind))},"op":{_field(op)},"msg":{_field(msg)},"stage":{_field(stage)},'
+                f'"dest":{_field(dest)},"attempt":{_field(attempt)},"point":{_field(point)},'
+                f'"partition":{_field(partition)},"offset":{_field(offset)},"detail":{info}}}\n'
             )
             data = line.encode()
             self._seq += 1
