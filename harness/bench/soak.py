@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +27,7 @@ from rich.console import Console
 from harness.bench.bare import bare_activemq, bare_kafka
 from harness.bench.kafka import spec as kafka_spec
 from harness.bench.report import bench_parser, bench_stack, table, write_section
+from harness.errors import HarnessError
 from harness.paths import runs_root
 from harness.run.spec.files import resolve
 from harness.soak.driver import SUMMARY, run_soak
@@ -94,13 +96,27 @@ def _child(case: int, ops: int, workers: int, endpoints: str, out: Any) -> None:
     out.put(str(result.run_dir))
 
 
+def _result_of(child: Any, queue: Any) -> Path:
+    """Return the folder ``child`` sends back; a child that ends without one fails the benchmark."""
+    while True:
+        try:
+            return Path(queue.get(timeout=1.0))
+        except Empty:
+            if not child.is_alive():
+                child.join()
+                raise HarnessError(
+                    f"a soak of the benchmark ended (exit {child.exitcode}) without a verdict",
+                    hint="its traceback is above; the run folder under reports/runs keeps its ledger and logs",
+                ) from None
+
+
 def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_child, args=(case, ops, workers, endpoints.to_json(), queue))
     with console.status(f"{CASES[case].label}: {ops:,} ops"):
         child.start()
-        run_dir = Path(queue.get(timeout=7200))
+        run_dir = _result_of(child, queue)
         child.join()
     summary: dict[str, Any] = json.loads((run_dir / SUMMARY).read_text())
     started = time.monotonic()

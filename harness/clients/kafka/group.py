@@ -180,6 +180,7 @@ class OutputProducer:
         linger_ms: int = 2,
         timeout_s: float = 15.0,
         client_id: str = "txchaos-producer",
+        log_level: int = 3,
     ) -> None:
         config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -188,7 +189,7 @@ class OutputProducer:
             "linger.ms": linger_ms,
             "message.timeout.ms": int(timeout_s * 1000),
             "client.id": client_id,
-            "log_level": 3,
+            "log_level": log_level,
         }
         if transactional_id:
             config["transactional.id"] = transactional_id

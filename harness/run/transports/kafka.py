@@ -29,7 +29,11 @@ class KafkaTransport:
         self.topics = list(destinations)
         kafka.create_topics(self.bootstrap, self.topics, partitions=self.partitions)
         self.folder.step(f"create topics {', '.join(self.topics)} ({self.partitions} partition(s))")
-        self._producer = kafka.OutputProducer(self.bootstrap, client_id=f"txchaos-driver-{self.folder.run_id}")
+        # log_level 2: the driver's producer retries through a soak's partitions and restarts; each
+        # refused reconnect is expected there, and would bury the progress lines on the terminal.
+        self._producer = kafka.OutputProducer(
+            self.bootstrap, client_id=f"txchaos-driver-{self.folder.run_id}", log_level=2
+        )
 
     def producer(self) -> kafka.OutputProducer:
         if self._producer is None:
