@@ -51,6 +51,7 @@ class SoakStats:
     windows: int
     kills: int
     crashes_armed: int
+    arms_skipped: int  # crashes and freezes that fell due after the last submission (not armed)
     submit_s: float  # first submission to last
     close_s: float  # the final heal, quiescence, the books and the verdict
     wall_s: float  # first submission to verdict: what ops_per_s divides by
@@ -134,6 +135,7 @@ class _Driver:
         self._next_anomaly_check = 0.0
         self._pace = (Path(session.folder.path) / PACE_LOG).open("a")
         self.rss_mb = 0.0  # the largest resident size seen at a report, while driving
+        self.skipped = 0  # arms due after the last submission, not applied
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -143,6 +145,15 @@ class _Driver:
         if soak.ops is not None:
             return n < soak.ops
         return self.elapsed() < (soak.duration_s or soak.length_s)
+
+    def draining(self) -> bool:
+        """Whether submitting is over but operations are still in the flow (bounded by ``quiesce_s``
+        after the last submission): the nemesis goes on, or a backlog submitted in seconds would
+        be processed with no fault at all."""
+        out = self.session.out_count()
+        if out is None or out >= len(self.session.ops):
+            return False
+        return time.monotonic() - self.last < self.soak.quiesce_s
 
     def target(self) -> int:
         """How many operations should be out of the driver by now."""
@@ -156,6 +167,12 @@ class _Driver:
 
     def apply(self, step: Step | ArmAhead) -> None:
         session = self.session
+        if isinstance(step, ArmAhead) and not self.submitting():
+            # An arm names an operation yet to be submitted; none will be now, and one already in
+            # the flow may be past its point: the arm could never fire, and the run would prove
+            # less than it says. Crashes and freezes are drawn while operations are submitted.
+            self.skipped += 1
+            return
         if isinstance(step, ArmAhead):
             if step.crash.action == "freeze":
                 self.open_faults.append(f"freeze at {step.crash.point}")
@@ -207,7 +224,7 @@ class _Driver:
         }
         self._pace.write(json.dumps(line) + "\n")
         self._pace.flush()
-        rate = len(session.ops) / now if now > 0 else 0.0
+        rate = len(session.ops) / now if now >= 1 else 0.0
         faults = ", ".join(self.open_faults) or "none"
         self.progress(
             f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "
@@ -219,7 +236,7 @@ class _Driver:
         """Submit and apply the schedule until the soak's length; return True when interrupted."""
         self.first = self.last = time.monotonic()
         try:
-            while self.submitting():
+            while self.submitting() or self.draining():
                 started = time.monotonic()
                 self.tick()
                 time.sleep(max(0.0, self.soak.tick_s - (time.monotonic() - started)))
@@ -259,6 +276,7 @@ def run_soak(
         windows=driver.windows,
         kills=driver.kills,
         crashes_armed=driver.arms,
+        arms_skipped=driver.skipped,
         submit_s=round(driver.last - driver.first, 3),
         close_s=round(ended - closing, 3),
         wall_s=round(ended - driver.first, 3),
