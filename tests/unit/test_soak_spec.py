@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,68 @@ def test_the_closed_loop_window_and_the_length() -> None:
     assert Soak(soak.scenario, ops=50_000, rate=500).length_s == 100
     assert Soak(soak.scenario, workers=8).in_flight == 400
     assert isinstance(Timed(1.0, Heal()).step, Heal)
+
+
+class _Folder:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+class _Session:
+    """Only what the driver asks of a session: its operations, how many are out, the steps applied."""
+
+    def __init__(self, path: Path) -> None:
+        from harness.run.spec.ops import OpIds
+
+        self.folder = _Folder(path)
+        self.ops = OpIds("v-s0-op")
+        self.out = 0
+        self.applied: list[object] = []
+        self.restarts = 0
+
+    def out_count(self) -> int:
+        return self.out
+
+    def duplicate_effects(self) -> list[str]:
+        return []
+
+    def apply(self, step: object) -> None:
+        from harness.run.spec.steps import Submit
+
+        self.applied.append(step)
+        if isinstance(step, Submit):
+            for _ in range(step.count):
+                self.ops.append(self.ops.next_id())
+
+
+def test_the_nemesis_goes_on_while_the_flow_drains_but_arms_nothing_it_could_not_reach(tmp_path: Path) -> None:
+    from harness.run.spec.scenario import Crash
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    soak = Soak(spec, ops=10, window=10, quiesce_s=30)
+    arm = ArmAhead(Crash("after_db_commit"), ahead=2)
+    schedule = Schedule(("latency", "crash"), 0, (Timed(0, arm), Timed(0.5, Open(*_latency())), Timed(0.5, arm)))
+    session = _Session(tmp_path)
+    driver = _Driver(soak, session, schedule, progress=lambda _: None)  # type: ignore[arg-type]
+    driver.first = driver.last = 0.0
+    driver.elapsed = lambda: 0.0  # type: ignore[method-assign]
+    driver.tick()  # submits all ten and applies the arm due at 0, on an operation yet to come
+    assert len(session.ops) == 10
+    assert not driver.submitting()
+    assert (driver.arms, driver.skipped) == (1, 0)
+    driver.last = time.monotonic()
+    assert driver.draining()  # none out yet: the schedule goes on
+    driver.elapsed = lambda: 1.0  # type: ignore[method-assign]
+    driver.tick()
+    assert driver.windows == 1  # the latency window opened while the flow drains
+    assert driver.skipped == 1  # the second arm: no operation left to come
+    session.out = 10
+    assert not driver.draining()
+    driver._pace.close()
+
+
+def _latency() -> tuple[object, str]:
+    from harness.faults import Latency
+
+    return Latency(ms=50), "postgres"
