@@ -35,6 +35,7 @@ from harness.verify.verdict import Verdict
 SUMMARY = "soak.json"
 PACE_LOG = "soak-progress.jsonl"
 WITNESSES_PER_CLASS = 5
+STALL_S = 20.0  # draining ends when nothing more came out for this long
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 # The protocol whose proxy a flow's broker faults open on, by transport.
 _BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka"}
@@ -136,6 +137,7 @@ class _Driver:
         self._pace = (Path(session.folder.path) / PACE_LOG).open("a")
         self.rss_mb = 0.0  # the largest resident size seen at a report, while driving
         self.skipped = 0  # arms due after the last submission, not applied
+        self._out_seen, self._out_moved = -1, 0.0  # the last count out and when it last moved
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -147,13 +149,18 @@ class _Driver:
         return self.elapsed() < (soak.duration_s or soak.length_s)
 
     def draining(self) -> bool:
-        """Whether submitting is over but operations are still in the flow (bounded by ``quiesce_s``
-        after the last submission): the nemesis goes on, or a backlog submitted in seconds would
-        be processed with no fault at all."""
-        out = self.session.out_count()
+        """Whether submitting is over but operations are still coming out of the flow: the nemesis
+        goes on, or a backlog submitted in seconds would be processed with no fault at all.
+
+        Bounded: ``quiesce_s`` after the last submission, and ``STALL_S`` without one more out
+        (an operation lost or stuck never comes out; the books say so, not a longer nemesis).
+        """
+        out, now = self.session.out_count(), time.monotonic()
         if out is None or out >= len(self.session.ops):
             return False
-        return time.monotonic() - self.last < self.soak.quiesce_s
+        if out != self._out_seen:
+            self._out_seen, self._out_moved = out, now
+        return now - self.last < self.soak.quiesce_s and now - max(self._out_moved, self.last) < STALL_S
 
     def target(self) -> int:
         """How many operations should be out of the driver by now."""

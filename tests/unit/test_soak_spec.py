@@ -179,6 +179,10 @@ def test_the_nemesis_goes_on_while_the_flow_drains_but_arms_nothing_it_could_not
     driver.tick()
     assert driver.windows == 1  # the latency window opened while the flow drains
     assert driver.skipped == 1  # the second arm: no operation left to come
+    session.out = 4
+    assert driver.draining()  # operations still coming out
+    driver.last = driver._out_moved = time.monotonic() - 25
+    assert not driver.draining()  # nothing more out for 25 s: lost or stuck, for the books to say
     session.out = 10
     assert not driver.draining()
     driver._pace.close()
