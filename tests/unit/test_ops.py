@@ -15,8 +15,11 @@ def test_ids_are_derived_from_numbers_and_read_back_as_a_list() -> None:
     for _ in range(3):
         ops.append(ops.next_id())
     assert list(ops) == ["naive-s3-op00000", "naive-s3-op00001", "naive-s3-op00002"]
-    assert ops[-1] == "naive-s3-op00002" and ops[1:] == ["naive-s3-op00001", "naive-s3-op00002"]
-    assert "naive-s3-op00002" in ops and "naive-s3-op00003" not in ops and "other-op00001" not in ops
+    assert ops[-1] == "naive-s3-op00002"
+    assert ops[1:] == ["naive-s3-op00001", "naive-s3-op00002"]
+    assert "naive-s3-op00002" in ops
+    assert "naive-s3-op00003" not in ops
+    assert "other-op00001" not in ops
     with pytest.raises(IndexError):
         ops[3]
     assert ops.id(123456) == "naive-s3-op123456"
@@ -45,7 +48,9 @@ def test_the_set_counts_what_came_out_once_each_numbered_or_not() -> None:
     for op in ("fixed-s0-op00001", "fixed-s0-op00001", "fixed-s0-op00004", "their-own-id", "other-s1-op00001"):
         out.add(op)
     assert len(out) == 4
-    assert "fixed-s0-op00001" in out and "their-own-id" in out and "fixed-s0-op00000" not in out
+    assert "fixed-s0-op00001" in out
+    assert "their-own-id" in out
+    assert "fixed-s0-op00000" not in out
     assert out.count_of(ops) == 2
     assert list(out.missing(ops)) == ["fixed-s0-op00000", "fixed-s0-op00002", "fixed-s0-op00003"]
 
@@ -54,7 +59,7 @@ def test_a_million_operations_cost_about_a_byte_each() -> None:
     tracemalloc.start()
     try:
         ops, out = OpIds("check-then-skip-s0-op"), OpSet()
-        for n in range(1_000_000):
+        for _n in range(1_000_000):
             op = ops.next_id()
             ops.append(op)
             out.add(op)
