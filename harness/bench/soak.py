@@ -26,8 +26,9 @@ from rich.console import Console
 
 from harness.bench.bare import BareResult, bare_activemq, bare_kafka
 from harness.bench.kafka import spec as kafka_spec
-from harness.bench.report import bench_parser, bench_stack, table, write_section
+from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
 from harness.errors import HarnessError
+from harness.resources import scenarios_dir
 from harness.run.spec.files import resolve
 from harness.soak.driver import SUMMARY, run_soak
 from harness.soak.nemesis import DEFAULT
@@ -37,8 +38,8 @@ from harness.verify.checker import check_run
 from harness.verify.cli import contract_of, verify_run
 
 console = Console(highlight=False, emoji=False, soft_wrap=True)
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "services"
+SCENARIOS = scenarios_dir()
+EXAMPLES = CHECKOUT / "examples" / "services"  # the example services live in a checkout only
 NO_CRASH = tuple(k for k in DEFAULT if k not in ("crash", "freeze"))  # a service has no crash points
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from harness.ledger.synth import synth_run
 from harness.reporting.soak_plots import plot_soak
 
@@ -56,7 +57,8 @@ def plot_once(run: Path) -> dict[str, Any]:
 
 def measure(events: int = MILLION_OPS_EVENTS, seed: int = 1) -> dict[str, Any]:
     """Write a synthetic run of about ``events`` events and plot it in a child process; return its numbers."""
-    root = str(Path(__file__).resolve().parents[2])  # this checkout's harness, whatever is installed
+    # The child imports the harness this process imported (a checkout's, whatever else is installed).
+    root = str(Path(harness.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="txchaos-soak-check-") as tmp:
         run = synth_run(Path(tmp) / "run", events, seed)
