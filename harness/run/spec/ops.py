@@ -35,9 +35,10 @@ def split(op: str) -> tuple[str, int] | None:
         return None
     digits = match.group(2)
     # Only ids as op_id writes them: at least 5 digits, no padding beyond them ("op012345" is not).
-    if len(digits) < 5 or (len(digits) > 5 and digits[0] == "0") or int(digits) > MAX_NUMBER:
+    if len(digits) < 5 or (len(digits) > 5 and digits[0] == "0"):
         return None
-    return match.group(1), int(digits)
+    number = int(digits)
+    return None if number > MAX_NUMBER else (match.group(1), number)
 
 
 class OpIds(Sequence[str]):
@@ -128,10 +129,3 @@ class OpSet:
         """Return how many of ``ops`` are in the set (a count over bytes, no id made)."""
         marks = self._marks.get(ops.prefix, b"")[: len(ops)]
         return len(marks) - marks.count(0)
-
-    def missing(self, ops: OpIds) -> Iterator[str]:
-        """Yield the ids of ``ops`` not in the set."""
-        marks = self._marks.get(ops.prefix, b"")
-        for n in range(len(ops)):
-            if n >= len(marks) or not marks[n]:
-                yield ops.id(n)
