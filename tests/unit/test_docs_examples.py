@@ -83,7 +83,7 @@ def test_the_docs_hold_python_examples() -> None:
 
 
 def test_the_services_doc_says_the_amount_the_harness_sends() -> None:
-    source = inspect.getsource(SinkSession.submit)
+    source = inspect.getsource(SinkSession._submit)
     (formula,) = re.findall(r'"amount": ([^,}]+)', source)
     doc = (ROOT / "docs" / "services.md").read_text()
     assert f'"amount": <{formula}>' in doc, f"docs/services.md must say the amount is {formula}"

@@ -164,3 +164,40 @@ def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
     out, err, alive = _terminate(proc, int((tmp_path / "child").read_text()))
     assert proc.returncode == 3, (out, err)
     assert not alive, "an untracked child outlived the terminated command"
+
+
+def _send_five(sent: list[int], *, fail: bool = False) -> None:
+    """Send five 'operations' in a deferred block, a SIGTERM arriving at the second; maybe fail after."""
+    from harness.run.core.signals import deferred
+
+    with deferred():
+        for n in range(5):
+            if n == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler would have run by now, were it not held back
+            sent.append(n)
+        if fail:
+            raise ValueError("send refused")
+    sent.append(-1)  # never reached: the held signal is delivered as the block ends
+
+
+def test_a_signal_inside_a_deferred_block_waits_for_the_block_then_interrupts() -> None:
+    """A submission's sends all go out before the SIGTERM that came meanwhile interrupts the run."""
+    from harness.run.core.signals import Terminated, terminating
+
+    sent: list[int] = []
+    with terminating(), pytest.raises(Terminated) as caught:
+        _send_five(sent)
+    assert sent == [0, 1, 2, 3, 4]
+    assert caught.value.signum == signal.SIGTERM
+
+
+def test_a_signal_held_while_a_deferred_block_fails_still_interrupts() -> None:
+    """Asked to stop wins over the block's own error, which stays as the interrupt's context."""
+    from harness.run.core.signals import Terminated, terminating
+
+    sent: list[int] = []
+    with terminating(), pytest.raises(Terminated) as caught:
+        _send_five(sent, fail=True)
+    assert sent == [0, 1, 2, 3, 4]
+    assert isinstance(caught.value.__context__, ValueError)

@@ -34,6 +34,7 @@ from harness.run.core.books import Book, EffectTable
 from harness.run.core.folder import RunFolder
 from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
 from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spec
+from harness.run.core.signals import deferred
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
@@ -139,7 +140,17 @@ class RunSession:
     def _announce_workers(self) -> None:
         """Write the folder steps that say which processes started."""
 
-    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+    def submit(self, count: int, *, poison: bool = False, **extra: Any) -> list[str]:
+        """Submit ``count`` new operations and return their ids (``extra``: the flow's own options).
+
+        A submission is whole: a signal that arrives while it sends waits until every operation
+        it wrote a SUBMIT for is out, or the ledger would claim operations never sent.
+        """
+        with deferred():
+            return self._submit(count, poison=poison, **extra)
+
+    def _submit(self, count: int, *, poison: bool = False) -> list[str]:
+        """The flow's submission: write each operation's SUBMIT, then send it."""
         raise NotImplementedError
 
     def _await_quiescence(self, pool: WorkerPool) -> None:

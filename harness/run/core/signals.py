@@ -73,6 +73,32 @@ def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]
             signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def deferred(signals: tuple[signal.Signals, ...] = (signal.SIGINT, *SIGNALS)) -> Iterator[None]:
+    """Hold ``signals`` back while inside; deliver the first one that came as the block ends.
+
+    For a step that must not stop halfway: a submission has written its SUBMIT rows and must
+    send every one of them, or the ledger claims operations the broker never held (judged lost).
+    The signal then reaches whatever handler was there before (``terminating``'s, Ctrl-C's
+    KeyboardInterrupt) right after the block, even when the block ends with an exception.
+    Outside the main thread this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        if held:  # asked to stop: that wins, over an error out of the block too (kept as its context)
+            signal.raise_signal(held[0])
+
+
 def children(pid: int | None = None) -> list[int]:
     """Return the live child processes of ``pid`` (default: this process), from /proc."""
     parent = os.getpid() if pid is None else pid

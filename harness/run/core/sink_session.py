@@ -46,7 +46,7 @@ class SinkSession(RunSession, Generic[SinkT]):
     input_dest: str  # the first stage's input: where submit sends
     _sink: SinkT | None = None
 
-    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+    def _submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Send ``count`` new operations (requester-made ids, each its record's key); return their ids.
 
         ``poison`` marks them as poison messages (as do the spec's ``poison`` numbers): their

@@ -38,7 +38,7 @@ from harness.run.transports.base import RunRecord
 class CqrsRunSession(KafkaRunSession):
     """A Kafka run whose operations are entity events (``submit``) and whose books are per key."""
 
-    def submit(self, count: int, *, poison: bool = False) -> list[str]:
+    def _submit(self, count: int, *, poison: bool = False) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
         if poison:
             raise ConfigError(

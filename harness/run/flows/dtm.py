@@ -131,7 +131,7 @@ class DtmRunSession(RunSession):
         self.wait_decided()
 
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int, *, poison: bool = False, hold_s: float | None = None) -> list[str]:
+    def _submit(self, count: int, *, poison: bool = False, hold_s: float | None = None) -> list[str]:
         """Ask the service for ``count`` transfers (answers come in the background); return their ids.
 
         ``hold_s`` keeps each one's local transaction open until DTM checks it back, that long at

@@ -104,7 +104,7 @@ class SagaRunSession(RunSession):
         self.wait_final()
 
     # -- acting while the flow runs ------------------------------------------------------------
-    def submit(self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0) -> list[str]:
+    def _submit(self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0) -> list[str]:
         """Start ``count`` sagas; return their ids.
 
         ``refuse``: the seat participant refuses their seat (a semantic error: compensated).
