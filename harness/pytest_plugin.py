@@ -260,7 +260,7 @@ def txchaos_soak(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txcha
     def soak(spec: Soak) -> SoakResult:
         result = run_soak(spec, txchaos_stack, progress=lambda _: None)
         txchaos_reset.track_queues([f"txchaos.{result.run_dir.name}.in", f"txchaos.{result.run_dir.name}.out"])
-        request.config.stash[_RUNS].append(result.run)
+        request.config.stash[_RUNS].append(result)
         render_soak(result)
         attach_run(result.run_dir)
         attach_file(result.run_dir / "soak.json", "soak.json", "json")

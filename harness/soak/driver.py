@@ -66,21 +66,12 @@ class SoakStats:
 
 
 @dataclass(frozen=True)
-class SoakResult:
-    """A judged soak: its run (folder, verdict, spec), its schedule and its stats."""
+class SoakResult(RunResult):
+    """A judged soak: a run (folder, verdict, spec) with its soak, its schedule and its stats."""
 
-    run: RunResult
     soak: Soak
     schedule: Schedule
     stats: SoakStats
-
-    @property
-    def run_dir(self) -> Path:
-        return self.run.run_dir
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.run.verdict
 
 
 def soak_spec(soak: Soak) -> ScenarioSpec:
@@ -291,7 +282,7 @@ def run_soak(
         driving_rss_mb=round(driver.rss_mb, 1),
         interrupted=interrupted,
     )
-    soaked = SoakResult(result, soak, schedule, stats)
+    soaked = SoakResult(result.run_dir, result.verdict, result.spec, soak, schedule, stats)
     write_summary(soaked)
     return soaked
 
