@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
 from harness.run.core.folder import STEPS, RunFolder
+from harness.run.core.plan import plan
 from harness.run.core.replay import load_steps
-from harness.run.spec.scenario import Crash
+from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.steps import (
     VOCABULARY,
     Arm,
@@ -21,6 +23,7 @@ from harness.run.spec.steps import (
     Kill,
     Open,
     Start,
+    Step,
     Submit,
     Thaw,
     describe,
@@ -111,3 +114,40 @@ def test_txchaos_replay_refuses_a_folder_without_steps_before_any_service_starts
     from harness.cli import main
 
     assert main(["replay", str(tmp_path)]) == 2
+
+
+PLAN_SPEC = ScenarioSpec(name="synth", variant="v", handler="mod:func", schema="s", effect_table="t")
+
+
+def _planned(spec: ScenarioSpec, *, late: bool = False, alone: frozenset[int] = frozenset()) -> list[Step]:
+    """The steps ``plan`` yields for ``spec``, each Submit counted as sent before the next is drawn."""
+    steps: list[Step] = []
+
+    def sent() -> int:
+        return sum(s.count for s in steps if isinstance(s, Submit))
+
+    for step in plan(spec, late=late, alone=set(alone), submitted=sent):
+        steps.append(step)
+    return steps
+
+
+def test_a_spec_plans_as_start_arm_submit_up_to_each_window_hold_it_then_the_rest() -> None:
+    crash = Crash("after_db_commit", op_index=2)
+    window = FaultWindow(Latency(100), after_ops=3, hold_s=0.5, target="postgres")
+    spec = replace(PLAN_SPEC, messages=8, crashes=(crash,), faults=(window,))
+    hold = Hold(window.fault, "postgres", 0.5)
+    assert _planned(spec) == [Start(), Arm(crash), Submit(3), hold, Submit(5)]
+    # A flow that submits operation 5 alone: idle before and after it.
+    assert _planned(spec, alone=frozenset({5})) == [
+        Start(),
+        Arm(crash),
+        Submit(3),
+        hold,
+        Submit(2),
+        Idle(),
+        Submit(1),
+        Idle(),
+        Submit(2),
+    ]
+    # Workers that join late get the first window's backlog before they start.
+    assert _planned(spec, late=True) == [Arm(crash), Submit(3), Start(), hold, Submit(5)]

@@ -7,11 +7,11 @@ verdict). Healing (stop workers, release the flow's clients and destinations, co
 the manifest) runs in ``finally`` and at most once, so a Ctrl-C or SIGTERM (raised as a
 KeyboardInterrupt) never loses what the ledger holds. Everything between is a step
 (``harness.run.spec.steps``) that ``apply`` applies and the folder records as data: ``drive``
-turns the spec into steps (start, arm, submit up to each fault window, hold it, submit the rest),
-a state machine emits them, ``harness.run.core.replay`` runs a folder's steps again.
+turns the spec into steps (``harness.run.core.plan``: start, arm, submit up to each fault window,
+hold it, submit the rest), a state machine emits them, ``harness.run.core.replay`` runs a folder's steps again.
 
 A flow (``harness.run.flows``) supplies a subclass with small hooks: ``_provision``,
-``_worker_specs``, ``submit``, ``_await_quiescence``, ``_close_books`` and ``_release``, and
+``_worker_specs``, ``_submit``, ``_await_quiescence``, ``_close_books`` and ``_release``, and
 registers it as its ``Flow``'s session. ``RunSession(spec, endpoints)`` builds the session of the
 spec's flow; ``run_scenario`` (``harness.run_scenario``, the pytest fixture, the CLI) drives one.
 """
@@ -34,6 +34,7 @@ from harness.run.core.books import Book, EffectTable
 from harness.run.core.folder import RunFolder
 from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
 from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spec
+from harness.run.core.plan import plan
 from harness.run.core.signals import deferred
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import flows
@@ -259,40 +260,12 @@ class RunSession:
         """Run the spec: open, apply its steps (``plan``), close."""
         self.open(start_workers=False)
         try:
-            for step in self.plan():
+            late = self.late_workers and self.processes.may_join_late
+            for step in plan(self.spec, late=late, alone=self._alone(), submitted=lambda: len(self.ops)):
                 self.apply(step)
             return self.close()
         finally:
             self._heal()
-
-    def plan(self) -> Iterator[Step]:
-        """Yield the spec as steps: start, arm its crashes, submit up to each fault window and hold it,
-        submit the rest (drawn lazily: each submission counts what the steps before it sent)."""
-        spec = self.spec
-        windows = sorted(spec.faults, key=lambda w: w.after_ops)
-        late = self.late_workers and self.processes.may_join_late
-        if not late:
-            yield Start()
-        for crash in spec.crashes:
-            yield Arm(crash)
-        if late:
-            # A backlog before the group joins: its polled batches are the same on every run of a seed.
-            yield from self.submissions(min([w.after_ops for w in windows] or [spec.messages]))
-            yield Start()
-        for window in windows:
-            yield from self.submissions(window.after_ops)
-            yield Hold(window.fault, window.target, window.hold_s)
-        yield from self.submissions(spec.messages)
-
-    def submissions(self, count: int) -> Iterator[Step]:
-        """Yield submissions until ``count`` operations are out; one ``_alone`` names goes alone, idle around it."""
-        alone = self._alone()
-        while len(self.ops) < count:
-            n = len(self.ops)
-            if n in alone:
-                yield from (Idle(), Submit(1), Idle())
-            else:
-                yield Submit(min([a for a in alone if n < a < count] or [count]) - n)
 
     # -- acting while the flow runs ------------------------------------------------------------
     def apply(self, step: Step) -> None:

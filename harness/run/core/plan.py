@@ -1,0 +1,39 @@
+"""A spec as steps: what ``RunSession.drive`` applies, one step at a time.
+
+Start the workers, arm the spec's crashes, submit up to each fault window and hold it, submit the
+rest. Submissions are drawn lazily: each counts what the steps before it sent (``submitted``), so
+an operation a flow must submit alone (a saga a crash names) goes alone, idle before and after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from harness.run.spec.scenario import ScenarioSpec
+from harness.run.spec.steps import Arm, Hold, Idle, Start, Step, Submit
+
+
+def plan(spec: ScenarioSpec, *, late: bool, alone: set[int], submitted: Callable[[], int]) -> Iterator[Step]:
+    """Yield ``spec`` as steps; ``late``: the workers join after a first backlog (the first window's)."""
+    windows = sorted(spec.faults, key=lambda w: w.after_ops)
+    if not late:
+        yield Start()
+    for crash in spec.crashes:
+        yield Arm(crash)
+    if late:
+        # A backlog before the group joins: its polled batches are the same on every run of a seed.
+        yield from submissions(min([w.after_ops for w in windows] or [spec.messages]), alone, submitted)
+        yield Start()
+    for window in windows:
+        yield from submissions(window.after_ops, alone, submitted)
+        yield Hold(window.fault, window.target, window.hold_s)
+    yield from submissions(spec.messages, alone, submitted)
+
+
+def submissions(count: int, alone: set[int], submitted: Callable[[], int]) -> Iterator[Step]:
+    """Yield submissions until ``count`` operations are out; one ``alone`` names goes alone, idle around it."""
+    while (n := submitted()) < count:
+        if n in alone:
+            yield from (Idle(), Submit(1), Idle())
+        else:
+            yield Submit(min([a for a in alone if n < a < count] or [count]) - n)
