@@ -176,3 +176,17 @@ def test_latency_is_submit_to_first_downstream_in_ms_whatever_the_epoch() -> Non
     verdict = check_table(pa.Table.from_pylist(rows, schema=ARROW_SCHEMA), FlowContract(), snapshot=False)
     latency = verdict.stats["latency_ms"]
     assert (latency["count"], latency["p50"], latency["max"]) == (3, 250.0, 350.0), latency
+
+
+def test_a_kind_test_is_one_range_for_a_run_of_codes_and_a_list_otherwise() -> None:
+    """Both engines run these texts: a run of codes (the residue kinds) is BETWEEN, anything else IN."""
+    from harness.ledger.layout import KIND_CODES
+    from harness.ledger.schema import RESIDUE_KINDS
+    from harness.verify.sql import is_kind
+
+    codes = sorted(KIND_CODES[str(k)] for k in RESIDUE_KINDS)
+    assert codes == list(range(codes[0], codes[-1] + 1))  # the schema keeps the residue kinds together
+    assert is_kind(*RESIDUE_KINDS) == f"kind_code BETWEEN {codes[0]} AND {codes[-1]}"
+    submit, deliver = KIND_CODES[str(Kind.SUBMIT)], KIND_CODES[str(Kind.DELIVER)]
+    assert is_kind(Kind.DELIVER, Kind.SUBMIT) == f"kind_code IN ({submit}, {deliver})"
+    assert is_kind(Kind.SUBMIT) == f"kind_code = {submit}"
