@@ -28,7 +28,7 @@ from harness.verify import fired, sql
 from harness.verify.assemble import (
     MAX_OVERLAY_WINDOWS,
     MAX_WITNESS_EVENTS,
-    MAX_WITNESSES,
+    WITNESSES_PER_CLASS,
     Aggregates,
     FaultWindow,
     Laps,
@@ -40,7 +40,15 @@ from harness.verify.evidence import gather
 from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
 from harness.verify.verdict import Verdict
 
-__all__ = ["MAX_WITNESSES", "MAX_WITNESS_EVENTS", "check_events", "check_run", "check_table", "connect", "floor_counts"]
+__all__ = [
+    "MAX_WITNESS_EVENTS",
+    "WITNESSES_PER_CLASS",
+    "check_events",
+    "check_run",
+    "check_table",
+    "connect",
+    "floor_counts",
+]
 
 # DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
 # process's whole footprint stays under 1 GB at 100M events (docs/benchmarks.md).
@@ -169,19 +177,19 @@ def _aggregates(
 
 
 def _witnesses(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> tuple[Any, ...]:
-    """Return the first ``MAX_WITNESSES`` (class, op) witnesses in (class, op) order, with their chains.
+    """Return each class's first ``WITNESSES_PER_CLASS`` witnesses in (class, op) order, with their chains.
 
     ``op_id`` orders as the operation ids do, so this is the Spark engine's choice too.
     """
     picked: list[dict[str, Any]] = []
     cols = ", ".join(WITNESS_COLUMNS)
     for cls in ANOMALY_CLASSES:
-        if cls not in judged or len(picked) >= MAX_WITNESSES:
+        if cls not in judged:
             continue
         rows = _dicts(
             con,
             f"SELECT op_id, {cols} FROM summary WHERE {sql.flag_column(cls)} = 1 "
-            f"ORDER BY op_id LIMIT {MAX_WITNESSES - len(picked)}",
+            f"ORDER BY op_id LIMIT {WITNESSES_PER_CLASS}",
         )
         picked += [r | {"anomaly": cls} for r in rows]
     if not picked:

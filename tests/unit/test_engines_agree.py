@@ -22,7 +22,7 @@ from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
 from harness.verify import checker
-from harness.verify.assemble import MAX_WITNESS_EVENTS, MAX_WITNESSES, compare_verdicts
+from harness.verify.assemble import MAX_WITNESS_EVENTS, WITNESSES_PER_CLASS, compare_verdicts
 from harness.verify.cli import contract_of
 from harness.verify.model import INVARIANT_OP_PREFIX, FlowContract, Invariant, rules
 from harness.verify.verdict import explain
@@ -222,7 +222,7 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
     """More anomalies than witnesses, and a witness with more events than a chain shows."""
     ledger = tmp_path / "ledger"
     with LedgerWriter(ledger, "driver") as d, LedgerWriter(ledger, "worker-1") as w:
-        for i in range(MAX_WITNESSES + 100):  # orphan effects: applied, never submitted
+        for i in range(WITNESSES_PER_CLASS + 100):  # orphan effects: applied, never submitted
             w.emit(Kind.RESIDUE_EFFECT, op=f"orphan-{i:05d}")
         d.emit(Kind.SUBMIT, op="dup-loop")
         for attempt in range(1, MAX_WITNESS_EVENTS + 50):
@@ -235,15 +235,15 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
     local = checker.check_run(tmp_path, FlowContract())
     remote = spark.check_run(tmp_path, FlowContract(), spark=session)
     assert compare_verdicts(local, remote) == []
-    assert remote.anomalies["orphan-effect"] == MAX_WITNESSES + 100
-    assert len(remote.witnesses) == MAX_WITNESSES
+    assert remote.anomalies["orphan-effect"] == WITNESSES_PER_CLASS + 100
+    assert len(remote.witnesses) == 1 + WITNESSES_PER_CLASS  # the one duplicate, the cap of orphans
     (loop,) = [x for x in remote.witnesses if x.op == "dup-loop"]
     assert loop.anomaly == "duplicate-effect"
     assert loop.summary["deliveries"] == MAX_WITNESS_EVENTS + 49  # counted over every event, not the cut chain
     assert len(loop.events) == MAX_WITNESS_EVENTS
-    # the witnesses are the first in (class, op) order: duplicate-effect, then orphan-00000 onwards
+    # each class's first in op order, the classes in their order: duplicate-effect, then orphan-00000 on
     assert remote.witnesses[0] == loop
-    assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(MAX_WITNESSES - 1)]
+    assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(WITNESSES_PER_CLASS)]
 
 
 def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

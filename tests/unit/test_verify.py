@@ -190,3 +190,33 @@ def test_a_kind_test_is_one_range_for_a_run_of_codes_and_a_list_otherwise() -> N
     submit, deliver = KIND_CODES[str(Kind.SUBMIT)], KIND_CODES[str(Kind.DELIVER)]
     assert is_kind(Kind.DELIVER, Kind.SUBMIT) == f"kind_code IN ({submit}, {deliver})"
     assert is_kind(Kind.SUBMIT) == f"kind_code = {submit}"
+
+
+def test_a_cold_spark_verify_keeps_the_optimizing_compiler_for_a_long_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-shot driver's C1-only JIT pays off on short jobs only: the ledger's size decides."""
+    import harness.verify.spark as spark_engine
+    from harness.verify.spark import ONE_SHOT_MAX_EVENTS, SEGMENT_BYTES_PER_EVENT, ledger_events
+
+    asked: list[bool] = []
+
+    def session_for(master: str | None, *, verbose: bool, one_shot: bool) -> tuple[object, str]:
+        asked.append(one_shot)
+        return object(), "local[*]"
+
+    monkeypatch.setattr(spark_engine, "session_for", session_for)
+    monkeypatch.setattr(spark_engine.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    spark_engine._session(None, None, False, ONE_SHOT_MAX_EVENTS)
+    spark_engine._session(None, None, False, ONE_SHOT_MAX_EVENTS + 1)
+    assert asked == [True, False]
+
+    run = tmp_path / "synth"
+    synth_run(run, events=20_000, seed=1)
+    events = ledger_events(run / "ledger")
+    assert 20_000 <= events <= 25_000  # the compacted layout's own count
+    segments = tmp_path / "raw" / "ledger" / "segments"
+    segments.mkdir(parents=True)
+    (segments / "driver-1.jsonl").write_bytes(b"x" * SEGMENT_BYTES_PER_EVENT * 1000)
+    assert ledger_events(segments.parent) == 1000  # not compacted yet: estimated from the bytes
+    assert ledger_events(tmp_path / "nothing") == 0

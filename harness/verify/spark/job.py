@@ -114,8 +114,9 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     One pass: each operation row is exploded into its base row (w = -1, k = latency bucket), one
     row per fault window its span overlaps (w >= 0), and one row per anomaly it shows
     (w = -2 - class index, k = op_id div 64, ``bits`` its bit in that block of 64 operations).
-    Everything is summed by (w, k); of the anomaly rows only the first ``assemble.MAX_WITNESSES`` blocks in
-    (class, op_id) order reach the driver: they hold every witness, whatever the anomaly count.
+    Everything is summed by (w, k); of each class's anomaly rows only its first
+    ``assemble.WITNESSES_PER_CLASS`` blocks in op_id order reach the driver: they hold every witness
+    kept, whatever the anomaly count.
     """
     first, last = F.col("first_ns"), F.col("last_ns")
     # -99 is "no row": array_remove drops it in compiled code; a filter lambda is interpreted and
@@ -145,23 +146,24 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     key = F.when(w == -1, F.col("lat_bucket")).when(w <= -2, F.expr("op_id div 64")).alias("k")
     # deliveries per op (capped) is a third key of the base rows, not eleven conditional sums
     grouped = rows.groupBy("w", key, F.when(w == -1, capped).alias("h")).agg(*aggs)
-    in_order = Window.partitionBy(w <= -2).orderBy(w.desc(), "k")
+    in_order = Window.partitionBy(w).orderBy("k")  # a block holds at least one witness of its class
     kept = grouped.withColumn("_n", F.row_number().over(in_order)).where(
-        (w >= -1) | (F.col("_n") <= assemble.MAX_WITNESSES)
+        (w >= -1) | (F.col("_n") <= assemble.WITNESSES_PER_CLASS)
     )
     return [r.asDict() for r in kept.drop("_n").collect()]
 
 
 def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Return the first ``assemble.MAX_WITNESSES`` (class index, op_id) pairs from the anomaly rows' bitmaps.
+    """Return each class's first ``assemble.WITNESSES_PER_CLASS`` (class index, op_id) pairs from the
+    anomaly rows' bitmaps.
 
     ``op_id`` orders as the operation ids do, so this is the in-process engine's choice too.
     """
     blocks = sorted((-2 - int(r["w"]), int(r["k"]), int(r["bits"])) for r in rows_all if r["w"] <= -2)
-    out: list[tuple[int, int]] = []
+    out: dict[int, list[tuple[int, int]]] = {}
     for cls, block, bits in blocks:
-        out += [(cls, block * 64 + b) for b in range(64) if bits >> b & 1]
-    return out[: assemble.MAX_WITNESSES]
+        out.setdefault(cls, []).extend((cls, block * 64 + b) for b in range(64) if bits >> b & 1)
+    return [pair for cls in sorted(out) for pair in out[cls][: assemble.WITNESSES_PER_CLASS]]
 
 
 WITNESS_COLUMNS = (*model.COUNTS, *model.SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
