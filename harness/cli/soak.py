@@ -22,6 +22,8 @@ from harness.errors import ConfigError
 if TYPE_CHECKING:
     from harness.soak.driver import SoakResult
 
+LOG_EVERY_S = 10.0  # between progress lines when the output is not a terminal
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: object) -> None:
     p = sub.add_parser("soak", help="a long run of SCENARIO[:VARIANT] under a fault schedule; one verdict")
@@ -88,7 +90,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
     assert isinstance(soak, Soak)
     with running_stack(args.provider) as endpoints:
         with console.status(soak.label) as status:
-            result = run_soak(soak, endpoints, progress=lambda line: status.update(line))
+            # A terminal gets a status line redrawn each second; a log (CI, a pipe) a line each 10 s,
+            # where a status line would show nothing at all until the soak ends.
+            progress, every = (status.update, 1.0) if console.is_terminal else (console.print, LOG_EVERY_S)
+            result = run_soak(soak, endpoints, progress=progress, progress_every_s=every)
         code = show_soak(result)
         if args.engine == "spark" and result.verdict.outcome != "incomplete":
             code = max(code, _spark_agrees(result, args.master))

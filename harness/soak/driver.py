@@ -116,8 +116,12 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
 class _Driver:
     """One soak's loop over an open session."""
 
-    def __init__(self, soak: Soak, session: RunSession, schedule: Schedule, progress: Progress) -> None:
+    def __init__(
+        self, soak: Soak, session: RunSession, schedule: Schedule, progress: Progress, every_s: float = 1.0
+    ) -> None:
         self.soak, self.session, self.progress = soak, session, progress
+        self.every_s = every_s  # between progress lines (the pace log gets one a second whatever this is)
+        self._next_line = 0.0
         self.due: list[Timed] = list(schedule.entries)
         self.open_faults: list[str] = []
         self.kills = self.arms = self.windows = 0
@@ -222,6 +226,9 @@ class _Driver:
         }
         self._pace.write(json.dumps(line) + "\n")
         self._pace.flush()
+        if now < self._next_line and not force:
+            return
+        self._next_line = now + self.every_s
         rate = len(session.ops) / now if now >= 1 else 0.0
         faults = ", ".join(self.open_faults) or "none"
         self.progress(
@@ -253,15 +260,21 @@ class _Driver:
 
 
 def run_soak(
-    soak: Soak, endpoints: Endpoints, *, runs_root: Path | None = None, progress: Progress = print
+    soak: Soak,
+    endpoints: Endpoints,
+    *,
+    runs_root: Path | None = None,
+    progress: Progress = print,
+    progress_every_s: float = 1.0,
 ) -> SoakResult:
-    """Run ``soak`` on ``endpoints`` and return its judged result (one run folder, one verdict)."""
+    """Run ``soak`` on ``endpoints`` and return its judged result (one run folder, one verdict);
+    ``progress`` gets a line at most every ``progress_every_s`` while it runs, and each phase's."""
     spec = soak_spec(soak)
     schedule = schedule_of(soak, spec)
     session = RunSession(spec, endpoints, runs_root=runs_root, progress=lambda _: None, bypass_faults=True)
     schedule.write(session.folder.path)
     progress(f"{soak.label}: {schedule.windows} fault window(s) scheduled; run folder {session.folder.path}")
-    driver = _Driver(soak, session, schedule, progress)
+    driver = _Driver(soak, session, schedule, progress, progress_every_s)
     with session:  # opens the run; heals it (workers, faults, clients) on the way out, whatever happens
         interrupted = driver.run()
         driver.finish()

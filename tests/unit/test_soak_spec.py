@@ -192,3 +192,19 @@ def _latency() -> tuple[object, str]:
     from harness.faults import Latency
 
     return Latency(ms=50), "postgres"
+
+
+def test_progress_lines_come_at_their_own_pace_and_the_pace_log_each_second(tmp_path: Path) -> None:
+    """A log (CI) gets a line every ``every_s``; the plots' pace log still gets one a second."""
+    from harness.soak.driver import PACE_LOG, _Driver
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    lines: list[str] = []
+    session = _Session(tmp_path)
+    driver = _Driver(Soak(spec, ops=10), session, Schedule(("latency",), 0, ()), lines.append, every_s=10.0)  # type: ignore[arg-type]
+    for now in range(25):
+        driver.report(float(now))
+    driver.report(25.0, force=True)  # the last one, as the soak ends
+    driver._pace.close()
+    assert [line.split()[0] for line in lines] == ["0s", "10s", "20s", "25s"]
+    assert len((tmp_path / PACE_LOG).read_text().splitlines()) == 26
