@@ -218,7 +218,8 @@ def test_runner_killed_at_random_moments_gives_no_wrong_verdict_and_leaves_nothi
 
         if sig == signal.SIGTERM and not (finished_first or (run_dir / "verdict.json").exists()):
             assert proc.returncode == 3, f"{what}: exit {proc.returncode}\n{out}\n{err}"
-            assert "terminated by SIGTERM; every process the harness started has been stopped" in out, out
+            stopped = "terminated by SIGTERM; every process the harness started has been stopped"
+            assert stopped in out, f"{what}: exit {proc.returncode}\n{out}\n{err}"
         if sig == signal.SIGTERM:
             # Healed on the way out, not by the next run: no toxic is left on any proxy.
             assert _all_toxics(admin) == {}, f"{what}: toxics left"

@@ -11,8 +11,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,3 +203,33 @@ def test_a_signal_held_while_a_deferred_block_fails_still_interrupts() -> None:
         _send_five(sent, fail=True)
     assert sent == [0, 1, 2, 3, 4]
     assert isinstance(caught.value.__context__, ValueError)
+
+
+def test_a_signal_a_library_turned_into_its_own_error_still_reads_as_terminated() -> None:
+    """DuckDB checks for signals inside a query and raises its own error: the run still says it was stopped.
+
+    A real DuckDB query, interrupted by a real SIGTERM: without this, the CLI printed the query's
+    error wrapped as a harness failure (exit 3, nothing on stdout) instead of the termination line.
+    """
+    import duckdb
+
+    from harness.run.core.signals import Terminated
+
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    with pytest.raises(Terminated) as caught:
+        _a_long_query(duckdb, timer)
+    timer.cancel()
+    assert caught.value.signum == signal.SIGTERM
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def _a_long_query(duckdb: Any, timer: threading.Timer) -> None:
+    """Run a query of minutes under ``terminating``, its error wrapped as ``judge_folder`` wraps the engine's."""
+    from harness.run.core.signals import terminating
+
+    with terminating():
+        timer.start()
+        try:
+            duckdb.sql("select count(*) from range(100000000000) t(i) where i % 7 = 3").fetchall()
+        except Exception as exc:
+            raise RuntimeError(f"verifying failed: {exc}") from exc

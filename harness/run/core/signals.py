@@ -68,6 +68,13 @@ def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]
         for sig in signals:
             previous[sig] = signal.signal(sig, handle)
         yield seen
+    except Exception as exc:
+        # A library that checks for signals inside its own loop turns our Terminated into its own
+        # error (DuckDB: "Query interrupted"), which a caller would wrap as a harness failure: the
+        # run was asked to stop, and says so.
+        if seen.signum is None:
+            raise
+        raise Terminated(seen.signum) from exc
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
