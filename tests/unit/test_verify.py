@@ -218,5 +218,6 @@ def test_a_cold_spark_verify_keeps_the_optimizing_compiler_for_a_long_job(
     segments = tmp_path / "raw" / "ledger" / "segments"
     segments.mkdir(parents=True)
     (segments / "driver-1.jsonl").write_bytes(b"x" * SEGMENT_BYTES_PER_EVENT * 1000)
-    assert ledger_events(segments.parent) == 1000  # not compacted yet: estimated from the bytes
+    (segments / "driver-1.jsonl.gz").write_bytes(b"x" * SEGMENT_BYTES_PER_EVENT * 500)  # a user's copy aside
+    assert ledger_events(segments.parent) == 1000  # not compacted yet: estimated from the segments' bytes
     assert ledger_events(tmp_path / "nothing") == 0

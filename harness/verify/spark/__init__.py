@@ -66,7 +66,7 @@ def ledger_events(ledger_dir: Path) -> int:
     if layout is not None and isinstance(layout.get("events"), int):
         return int(layout["events"])
     segments = ledger_dir / "segments"
-    size = sum(p.stat().st_size for p in segments.iterdir() if p.is_file()) if segments.is_dir() else 0
+    size = sum(p.stat().st_size for p in segments.glob("*.jsonl")) if segments.is_dir() else 0
     return size // SEGMENT_BYTES_PER_EVENT
 
 
