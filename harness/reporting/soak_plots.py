@@ -12,6 +12,7 @@ through ``plots.py``'s helpers, the one module that imports matplotlib.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from harness.verify.model import ANOMALY_CLASSES
 __all__ = ["draw_soak", "plot_soak"]
 
 # One colour per class of ``ANOMALY_CLASSES`` (by position), so a class keeps its colour from run to run.
+TITLE_CHARS = 70  # the title's line length: it shares the top of the figure with the legend
 _CLASS_COLORS = (
     "#1f77b4",
     "#2ca02c",
@@ -69,7 +71,8 @@ def draw_soak(data: SoakData, out: Path, *, title: str) -> Path:
     three panels, each saying what it has nothing of."""
     strip_rows = len(data.anomalies) + (data.crashes.total > 0) + (data.restarts.total > 0)
     fig, (rates, latency, strip) = new_figure(7.0 + 0.15 * strip_rows, (3.0, 2.6, 0.6 + 0.2 * max(strip_rows, 1)))
-    fig.suptitle(title, fontsize=12, fontweight="bold")
+    # Left-aligned and wrapped: centred, a long label ran under the legend at the top right.
+    fig.suptitle("\n".join(textwrap.wrap(title, TITLE_CHARS)), x=0.01, ha="left", fontsize=12, fontweight="bold")
 
     def secs(ns: int) -> float:
         return (ns - data.t0_ns) / 1e9
