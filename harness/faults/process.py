@@ -16,11 +16,15 @@ from harness.errors import ConfigError, HarnessError
 from harness.faults.base import check_int
 
 
+class ProcessGone(HarnessError):
+    """The process to pause ended before the signal reached it (a worker killed and being replaced)."""
+
+
 def _group_of(pid: int) -> int:
     try:
         return os.getpgid(pid)
     except ProcessLookupError as exc:
-        raise HarnessError(f"no process {pid} to pause", hint="pass the pid of a running worker") from exc
+        raise ProcessGone(f"no process {pid} to pause", hint="pass the pid of a running worker") from exc
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Pause:
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError as exc:
-                raise HarnessError(f"no process {self.pid} to signal", hint="is the worker still running?") from exc
+                raise ProcessGone(f"no process {self.pid} to signal", hint="is the worker still running?") from exc
             return
         pgid = _group_of(self.pid)
         # Stopping our own group would freeze the harness and the test runner with it.
@@ -71,4 +75,4 @@ class Pause:
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError as exc:
-            raise HarnessError(f"process group {pgid} of pid {self.pid} is gone", hint="is it running?") from exc
+            raise ProcessGone(f"process group {pgid} of pid {self.pid} is gone", hint="is it running?") from exc

@@ -23,13 +23,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness.errors import ConfigError
-from harness.faults.process import Pause
+from harness.faults.base import active
+from harness.faults.process import Pause, ProcessGone
 from harness.ledger.schema import Kind
+from harness.poll import deadline_in, poll_until
 from harness.run.processes.supervisor import Supervised, WorkerPool
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -179,6 +182,8 @@ class Workers:
         spec = self._numbered(number, "Freeze")
         pool = self.session._pool
         assert pool is not None
+        # A worker killed a moment ago (a crash, the nemesis) is being replaced: freeze the replacement.
+        poll_until(lambda: pool.procs[spec.name].alive(), deadline=deadline_in(self.start_timeout_s), every_s=0.05)
         return Pause(pool.procs[spec.name].pid)
 
     def thaw(self) -> int:
@@ -213,3 +218,29 @@ def _stopped(pid: int) -> bool:
 
 
 WORKERS: ProcessesKind = Workers  # the default part; mypy holds Workers to the protocols
+
+
+@contextmanager
+def both(outer: AbstractContextManager[object], inner: AbstractContextManager[object]) -> Iterator[object]:
+    """Enter ``outer`` then ``inner``; leave them in reverse."""
+    with outer, inner as value:
+        yield value
+
+
+FREEZE_SKIPPED = "skipped: its process kept ending before it could be stopped"
+
+
+def freeze(processes: Processes, number: int, ledger: Any, faults: ExitStack, attempts: int = 3) -> bool:
+    """Stop instance ``number`` until ``faults`` closes; return False when it could not be stopped.
+
+    Its process may end between being looked up and being stopped (killed by a crash point or the
+    nemesis a moment before): the replacement is stopped instead. Each failed attempt stays in the
+    ledger as a fault window that ended at once with its error, so nothing claims a freeze.
+    """
+    for _ in range(attempts):
+        try:
+            faults.enter_context(both(processes.during_fault(), active(processes.pause(number), ledger)))
+        except ProcessGone:
+            continue
+        return True
+    return False

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any, ClassVar, Self, cast
 
@@ -33,7 +33,7 @@ from harness.ledger.writer import LedgerWriter
 from harness.run.core.books import Book, EffectTable
 from harness.run.core.folder import RunFolder
 from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
-from harness.run.core.parts import WORKERS, Processes, ProcessesKind, worker_spec
+from harness.run.core.parts import FREEZE_SKIPPED, WORKERS, Processes, ProcessesKind, both, freeze, worker_spec
 from harness.run.core.plan import plan
 from harness.run.core.signals import deferred
 from harness.run.processes.supervisor import WorkerPool
@@ -48,13 +48,6 @@ from harness.stack.procs import free_ports
 from harness.verify import declared
 from harness.worker.crash import CrashArm, write_arms
 from harness.worker.spec import WorkerSpec
-
-
-@contextmanager
-def _both(outer: AbstractContextManager[object], inner: AbstractContextManager[object]) -> Iterator[object]:
-    """Enter ``outer`` then ``inner``; leave them in reverse."""
-    with outer, inner as value:
-        yield value
 
 
 class RunSession:
@@ -293,9 +286,8 @@ class RunSession:
             case Kill(instance=instance):
                 self.kill_instance(instance)
             case Freeze(instance=instance):
-                self.folder.step(f"freeze instance {instance} until healed")
-                pause = self.processes.pause(instance)
-                self._faults.enter_context(_both(self.processes.during_fault(), active(pause, self.ledger)))
+                frozen = freeze(self.processes, instance, self.ledger, self._faults)
+                self.folder.step(f"freeze instance {instance} {'until healed' if frozen else FREEZE_SKIPPED}")
             case Thaw():
                 self.thaw()
             case Idle():
@@ -304,7 +296,7 @@ class RunSession:
     def _under_fault(self, fault: Any, target: str | None) -> AbstractContextManager[object]:
         """Return ``fault`` bound to this stack, applied while the context is open and recorded in the ledger."""
         bound = fault.on(self.endpoints) if target is None else fault.on(target, self.endpoints)
-        return _both(self.processes.during_fault(), active(bound, self.ledger))
+        return both(self.processes.during_fault(), active(bound, self.ledger))
 
     def _hold(self, fault: Any, target: str | None, hold_s: float) -> None:
         self.folder.step(f"fault {fault!r}{f' on {target}' if target else ''} for {hold_s}s")
