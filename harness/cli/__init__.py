@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         with terminating():  # a second signal must not cut this short
             stop_children()
         console.print(f"[yellow]{message(exc)}[/]")
+        if isinstance(exc.__cause__, Exception):  # an error raised after the signal (kept, on stderr)
+            sys.stderr.write(f"txchaos: after the signal: {type(exc.__cause__).__name__}: {exc.__cause__}\n")
         return 3
     except Exception:
         traceback.print_exc()

@@ -130,6 +130,24 @@ def test_cli_main_heals_and_exits_3_on_signal(tmp_path: Path, sig: signal.Signal
     assert lines == [f"terminated by {sig.name}; {stopped}"]
 
 
+def test_an_error_raised_after_the_signal_is_kept_on_stderr(tmp_path: Path) -> None:
+    """Healing that fails after a SIGTERM: the run still says it was terminated, and the error is not lost."""
+    command = """
+        from harness.errors import HarnessError
+        try:
+            (out / "started").write_text("yes")
+            time.sleep(60)
+        finally:
+            raise HarnessError("the proxy would not heal")
+    """
+    proc = _start_cli(tmp_path, command, "started")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, (out, err)
+    assert "terminated by SIGTERM" in out
+    assert "txchaos: after the signal: HarnessError: the proxy would not heal" in err
+
+
 def test_pytest_session_tears_down_and_exits_3_on_sigterm(tmp_path: Path) -> None:
     test_file = tmp_path / "test_long.py"
     test_file.write_text(SESSION_TEST.format(out=str(tmp_path)))
