@@ -49,24 +49,36 @@ _COMPLETED_BY = {
 }
 
 
-def plot_soak(run_dir: Path, out: Path, *, anomalies: dict[str, set[str]] | None = None, title: str) -> Path:
+def plot_soak(
+    run_dir: Path,
+    out: Path,
+    *,
+    anomalies: dict[str, set[str]] | None = None,
+    counts: dict[str, int] | None = None,
+    title: str,
+) -> Path:
     """Write the soak plot of the run folder ``run_dir`` to the PNG ``out``; return ``out``.
 
     ``anomalies`` maps an anomaly class to the ids of the operations it flagged (a verdict's): each
-    is marked where it completed, or where it started when it never did. Reads the ledger in
-    bounded memory (``soak_data``), so a million-operation run plots in seconds.
+    is marked where it completed, or where it started when it never did. ``counts``: each class's
+    count in the verdict, which names only a sample (its witnesses): the legend says how many of
+    them are marked. Reads the ledger in bounded memory (``soak_data``), so a million-operation run
+    plots in seconds.
     """
-    return draw_soak(soak_data(run_dir / "ledger", anomalies), out, title=title)
+    return draw_soak(soak_data(run_dir / "ledger", anomalies), out, title=title, counts=counts)
 
 
 def render_soak(result: SoakResult) -> Path:
     """Draw a judged soak's ``soak.png`` into its folder, its flagged operations marked by class."""
     verdict = result.verdict
     flagged = {anomaly: verdict.ops(anomaly) for anomaly in verdict.found()}
-    return plot_soak(result.run_dir, result.run_dir / "soak.png", anomalies=flagged, title=result.soak.label)
+    counts = verdict.found()
+    return plot_soak(
+        result.run_dir, result.run_dir / "soak.png", anomalies=flagged, counts=counts, title=result.soak.label
+    )
 
 
-def draw_soak(data: SoakData, out: Path, *, title: str) -> Path:
+def draw_soak(data: SoakData, out: Path, *, title: str, counts: dict[str, int] | None = None) -> Path:
     """Write the soak plot of ``data`` to the PNG ``out``; return ``out``. An empty run draws the
     three panels, each saying what it has nothing of."""
     strip_rows = len(data.anomalies) + (data.crashes.total > 0) + (data.restarts.total > 0)
@@ -80,7 +92,7 @@ def draw_soak(data: SoakData, out: Path, *, title: str) -> Path:
     faults = shade_faults([rates, latency, strip], data.windows, secs)
     _draw_rates(rates, data)
     _draw_latency(latency, data)
-    _draw_strip(strip, data)
+    _draw_strip(strip, data, counts or {})
     rates.set_xlim(*data.x_range)
     strip.set_xlabel("seconds since the run started")
     for ax in (rates, latency, strip):
@@ -146,11 +158,14 @@ def _class_color(cls: str, fallback: int) -> str:
     return _CLASS_COLORS[at % len(_CLASS_COLORS)]
 
 
-def _draw_strip(ax: Axes, data: SoakData) -> None:
+def _draw_strip(ax: Axes, data: SoakData, counts: dict[str, int]) -> None:
     """Draw one row per anomaly class (a mark per flagged operation), then crash and restart ticks."""
     labels: list[str] = []
     for y, marks in enumerate(data.anomalies):
         extra = f", {marks.unplaced:,} with no event" if marks.unplaced else ""
+        total = counts.get(marks.cls, 0)
+        if total > marks.count:  # the verdict names a sample of the class: say the plot shows only it
+            extra += f" of {total:,}: the verdict's witnesses"
         ax.scatter(
             marks.seconds,
             [y] * len(marks.seconds),

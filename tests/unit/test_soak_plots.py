@@ -209,3 +209,28 @@ def test_soak_check_measures_a_plot_in_a_child_process() -> None:
     assert numbers["seconds"] > 0
     assert 0 < numbers["peak_rss_mb"] < 4096
     assert numbers["png_bytes"] > 5 * 1024
+
+
+def test_the_legend_says_when_a_class_shows_only_the_verdicts_witnesses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict names a sample of each class (its witnesses): a plot of them must not read as all of them."""
+    import harness.reporting.soak_plots as plots
+
+    legends: list[list[str]] = []
+
+    def keep(fig: Any, out: Path) -> Path:
+        legends.append([t.get_text() for legend in fig.legends for t in legend.get_texts()])
+        return out
+
+    monkeypatch.setattr(plots, "save_png", keep)
+    flagged = {"duplicate-output": {"op-a"}, "lost": {"op-b"}}
+    plot_soak(
+        _small_run(tmp_path),
+        tmp_path / "soak.png",
+        anomalies=flagged,
+        counts={"lost": 202, "duplicate-output": 1},
+        title="t",
+    )
+    assert "lost (1 of 202: the verdict's witnesses)" in legends[0]
+    assert "duplicate-output (1)" in legends[0]  # every one of them is marked
