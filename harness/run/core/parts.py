@@ -32,7 +32,6 @@ from harness.errors import ConfigError
 from harness.faults.base import active
 from harness.faults.process import Pause, ProcessGone
 from harness.ledger.schema import Kind
-from harness.poll import deadline_in, poll_until
 from harness.run.processes.supervisor import Supervised, WorkerPool
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -182,8 +181,7 @@ class Workers:
         spec = self._numbered(number, "Freeze")
         pool = self.session._pool
         assert pool is not None
-        # A worker killed a moment ago (a crash, the nemesis) is being replaced: freeze the replacement.
-        poll_until(lambda: pool.procs[spec.name].alive(), deadline=deadline_in(self.start_timeout_s), every_s=0.05)
+        pool.wait_alive(spec.name, self.start_timeout_s)  # a worker a crash just killed: its replacement
         return Pause(pool.procs[spec.name].pid)
 
     def thaw(self) -> int:

@@ -29,7 +29,6 @@ from urllib.parse import quote
 from harness.errors import ConfigError, HarnessError, ServiceFailed
 from harness.faults.process import Pause
 from harness.ledger.schema import Kind
-from harness.poll import deadline_in, poll_until
 from harness.run.core.parts import ProcessesKind
 from harness.run.core.sink_session import SinkSession
 from harness.run.flows.activemq import StageRunSession
@@ -262,8 +261,7 @@ class ServiceInstances:
         """Return the pause of instance ``number`` (its process group, unless it runs as an image)."""
         pool = self._running()
         name = self._names()[number]
-        # An instance killed a moment ago (a trap, the nemesis) is being replaced: freeze the replacement.
-        poll_until(lambda: pool.procs[name].alive(), deadline=deadline_in(self.start_timeout_s), every_s=0.05)
+        pool.wait_alive(name, self.start_timeout_s)  # an instance a trap just killed: its replacement
         return Pause(pool.pid(name), group=self.service.image is None)
 
     @contextmanager

@@ -94,6 +94,11 @@ class WorkerPool:
             time.sleep(0.02)
         return True
 
+    def wait_alive(self, name: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until process ``name`` runs: one killed a moment ago is being
+        replaced, and a step aimed at it (a pause) must reach the replacement. Return whether it runs."""
+        return poll_until(lambda: self.procs[name].alive(), deadline=deadline_in(timeout_s), every_s=0.05)
+
     def _spawn(self, spec: Supervised) -> None:
         assert isinstance(spec, WorkerSpec)
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
