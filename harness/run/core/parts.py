@@ -32,6 +32,7 @@ from harness.errors import ConfigError
 from harness.faults.base import active
 from harness.faults.process import Pause, ProcessGone
 from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
 from harness.run.processes.supervisor import Supervised, WorkerPool
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
@@ -228,7 +229,7 @@ def both(outer: AbstractContextManager[object], inner: AbstractContextManager[ob
 FREEZE_SKIPPED = "skipped: its process kept ending before it could be stopped"
 
 
-def freeze(processes: Processes, number: int, ledger: Any, faults: ExitStack, attempts: int = 3) -> bool:
+def freeze(processes: Processes, number: int, ledger: LedgerWriter, faults: ExitStack, attempts: int = 3) -> bool:
     """Stop instance ``number`` until ``faults`` closes; return False when it could not be stopped.
 
     Its process may end between being looked up and being stopped (killed by a crash point or the
