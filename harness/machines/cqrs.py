@@ -31,8 +31,6 @@ from harness.machines.stage import KAFKA_RULES, StageMachine
 from harness.patterns.kafka_cqrs import entity_event
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
-from harness.run.flows.cqrs import CqrsRunSession
-from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Submit
 from harness.stack.base import Endpoints
@@ -47,8 +45,8 @@ class CqrsMachine(StageMachine):
     redelivery_actions = KAFKA_RULES["redelivery_actions"]
     network_proxies = KAFKA_RULES["network_proxies"]
 
-    def open_session(self, spec: ScenarioSpec) -> RunSession | KafkaRunSession:
-        return CqrsRunSession(spec, type(self).endpoints).open()
+    def open_session(self, spec: ScenarioSpec) -> RunSession:
+        return RunSession(spec, type(self).endpoints).open()
 
     @rule(data=st.data())
     def crash_at_delete(self, data: st.DataObject) -> None:

@@ -1,6 +1,6 @@
 """A state machine for the DTM 2-phase message transfer: transfers, crashes, held commits, faults, DTM restarts.
 
-Each example is one ``DtmRunSession`` (fresh tables, toxics removed, its own gids). Rules act
+Each example is one ``RunSession`` of the ``dtm`` flow (fresh tables, toxics removed, its own gids). Rules act
 while transfers run; after quiescence ``teardown`` checks the two invariants of the pattern:
 
 - every committed debit has exactly one credit, and no credit lacks its debit: the verdict is
@@ -22,7 +22,7 @@ fault's timing against a transfer is still real timing).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -33,7 +33,8 @@ from harness.machines.base import MachineBase, bind, failure
 from harness.patterns.dtm_transfer import BRANCH_POINTS, SERVICE_POINTS
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
-from harness.run.flows.dtm import DtmRunSession
+from harness.run.core.session import RunSession
+from harness.run.flows.dtm import DtmService
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Idle, Submit
 from harness.stack.base import Endpoints
@@ -48,7 +49,7 @@ TOXICS: dict[str, Callable[[], Any]] = {
 }
 
 
-class DtmMachine(MachineBase[DtmRunSession]):
+class DtmMachine(MachineBase[RunSession]):
     """Drive ``spec``'s transfer against ``endpoints`` (class attributes, set by ``dtm_machine``)."""
 
     flows = ("dtm",)
@@ -65,8 +66,8 @@ class DtmMachine(MachineBase[DtmRunSession]):
     def begin_example(self) -> None:
         type(self).last_held = []
 
-    def open_session(self, spec: ScenarioSpec) -> DtmRunSession:
-        return DtmRunSession(spec, type(self).endpoints).open()
+    def open_session(self, spec: ScenarioSpec) -> RunSession:
+        return RunSession(spec, type(self).endpoints).open()
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(n=st.integers(min_value=1, max_value=3))
@@ -115,9 +116,10 @@ class DtmMachine(MachineBase[DtmRunSession]):
     def judge(self, result: RunResult) -> str | None:
         """Fail on any anomaly of the verdict, or money not conserved between debits and credits."""
         verdict = result.verdict
-        if self.run.closing_money is None:
+        closing = cast(DtmService, self.run.topology).closing_money
+        if closing is None:
             raise AssertionError(f"{result.run_dir}: the run did not close its books")
-        debited, credited = self.run.closing_money
+        debited, credited = closing
         note(f"verdict: {verdict.headline()}; debited {debited}, credited {credited}")
         broken = [] if verdict.anomaly_free else [verdict.headline()]
         if debited != credited:

@@ -1,6 +1,6 @@
 """A state machine for the Kafka saga: start sagas, refuse seats, flaky seats, crashes in any process, latency.
 
-Each example is one ``SagaRunSession`` (fresh topics and tables, toxics removed). Rules act
+Each example is one ``RunSession`` of the ``kafka_saga`` flow (fresh topics and tables, toxics removed). Rules act
 while sagas run; after quiescence ``teardown`` checks the pattern's two invariants, on the
 database and on the verdict:
 
@@ -32,7 +32,7 @@ from harness.machines.base import NetworkMachine, bind, failure
 from harness.patterns.saga_options import ORCHESTRATOR, PROCESSES, first_step_of, step_op
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
-from harness.run.flows.saga import SagaRunSession
+from harness.run.core.session import RunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Submit
 from harness.stack.base import Endpoints
@@ -49,7 +49,7 @@ PROXIES = proxies("kafka", "postgres")
 FLAKY = (1, 9)  # a seat failing once (retried with backoff) or on every attempt (dead-lettered)
 
 
-class SagaMachine(NetworkMachine[SagaRunSession]):
+class SagaMachine(NetworkMachine[RunSession]):
     """Drive ``spec``'s saga against ``endpoints`` (class attributes, set by ``saga_machine``)."""
 
     flows = ("kafka_saga",)
@@ -63,8 +63,8 @@ class SagaMachine(NetworkMachine[SagaRunSession]):
 
     own_state: ClassVar[dict[str, Any]] = {"first_failure": None, "durations": []}
 
-    def open_session(self, spec: ScenarioSpec) -> SagaRunSession:
-        return SagaRunSession(spec, type(self).endpoints).open()
+    def open_session(self, spec: ScenarioSpec) -> RunSession:
+        return RunSession(spec, type(self).endpoints).open()
 
     # -- rules ---------------------------------------------------------------------------------
     @rule()

@@ -31,7 +31,6 @@ from harness.machines.base import NetworkMachine, bind
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
-from harness.run.flows.kafka import KafkaRunSession
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.steps import Arm, Hold, Submit
 from harness.stack.base import Endpoints
@@ -55,7 +54,7 @@ KAFKA_RULES: dict[str, Any] = {
 }
 
 
-class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
+class StageMachine(NetworkMachine[RunSession]):
     """Drive ``spec``'s stage against ``endpoints`` (class attributes, set by ``stage_machine``)."""
 
     flows: ClassVar[tuple[str, ...]] = ("activemq", "kafka")
@@ -68,7 +67,7 @@ class StageMachine(NetworkMachine[RunSession | KafkaRunSession]):
     # Kafka: also arm a crash on the last of several records produced together (one poll batch).
     batch_crashes: ClassVar[bool] = False
 
-    def open_session(self, spec: ScenarioSpec) -> RunSession | KafkaRunSession:
+    def open_session(self, spec: ScenarioSpec) -> RunSession:
         """Return this example's run, open (a pattern's own machine opens its own session class)."""
         return RunSession(spec, type(self).endpoints).open()  # the session of the spec's flow
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from harness import ScenarioSpec, Service
-from harness.run.core.sink_session import SinkSession
+from harness.run.core.sink_parts import Messages
 from harness.verify.declared import _check_columns, declarations
 from harness.verify.model import FlowContract
 from harness.verify.verdict import Verdict
@@ -83,7 +83,7 @@ def test_the_docs_hold_python_examples() -> None:
 
 
 def test_the_services_doc_says_the_amount_the_harness_sends() -> None:
-    source = inspect.getsource(SinkSession._submit)
+    source = inspect.getsource(Messages.submit)
     (formula,) = re.findall(r'"amount": ([^,}]+)', source)
     doc = (ROOT / "docs" / "services.md").read_text()
     assert f'"amount": <{formula}>' in doc, f"docs/services.md must say the amount is {formula}"

@@ -82,7 +82,7 @@ def test_helpers_are_told_the_queue_of_every_stage(tmp_path: Path) -> None:
         helpers=(Helper("relay", "harness.patterns.outbox:relay", options={"sweeper": False}),),
     )
     run = RunSession(spec, _endpoints(), runs_root=tmp_path)
-    relay = next(w for w in run._worker_specs() if w.name == "relay")
+    relay = next(w for w in run.topology.worker_specs() if w.name == "relay")
     ns = f"txchaos.{run.folder.run_id}"
     assert relay.options == {"queues": {"worker": f"{ns}.in", "consumer": f"{ns}.consumer"}, "sweeper": False}
     assert RelayConfig.from_options(relay.options).queue == f"{ns}.consumer"

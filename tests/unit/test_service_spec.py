@@ -150,8 +150,8 @@ def test_a_service_run_reads_the_inner_queues_it_declares(tmp_path: Path) -> Non
     assert spec.service is not None
     assert spec.service.queues == ("{input}.ship", "{input}.pack")
     run = RunSession(spec, fake_endpoints(), runs_root=tmp_path)
-    first = run.stage_queues[0]  # type: ignore[attr-defined]
-    assert run.stage_queues == [first, f"{first}.ship", f"{first}.pack"]  # type: ignore[attr-defined]
+    queues = run.topology.stage_queues  # type: ignore[attr-defined]
+    assert queues == [queues[0], f"{queues[0]}.ship", f"{queues[0]}.pack"]
 
 
 def test_an_output_names_its_operation_where_the_service_says() -> None:

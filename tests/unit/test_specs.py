@@ -197,47 +197,34 @@ def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object
 
 
 @pytest.mark.parametrize(
-    ("flow", "module", "name"),
+    ("scenario", "module", "topology", "workload", "quiescence"),
     [
-        ("activemq", "harness.run.flows.activemq", "StageRunSession"),
-        ("kafka", "harness.run.flows.kafka", "KafkaRunSession"),
-        ("kafka_saga", "harness.run.flows.saga", "SagaRunSession"),
-        ("kafka_cqrs", "harness.run.flows.cqrs", "CqrsRunSession"),
-        ("dtm", "harness.run.flows.dtm", "DtmRunSession"),
+        ("onepc_crash_gap", "harness.run.flows.activemq", "Queues", "Messages", "AllOut"),
+        ("kafka_consumer", "harness.run.flows.kafka", "Topics", "Messages", "AllOut"),
+        ("kafka_saga", "harness.run.flows.saga", "SagaTopics", "SagaStarts", "SagasFinal"),
+        ("kafka_cqrs", "harness.run.flows.cqrs", "Topics", "EntityEvents", "AllOut"),
+        ("dtm_transfer", "harness.run.flows.dtm", "DtmService", "Transfers", "Decided"),
     ],
 )
-def test_each_flow_registers_its_session_in_its_own_module(flow: str, module: str, name: str) -> None:
+def test_each_flow_registers_its_parts_in_its_own_module(
+    scenario: str, module: str, topology: str, workload: str, quiescence: str, tmp_path: Path
+) -> None:
     from harness.run.core.session import RunSession
-    from harness.run.spec.flow import flow_named
+    from harness.run.spec.files import resolve
 
-    session = flow_named(flow).session
-    assert isinstance(session, type)
-    assert issubclass(session, RunSession)
-    assert (session.__module__, session.__name__) == (module, name)
-    assert importlib.import_module(module).FLOW is flow_named(flow)
-
-
-def test_a_session_refuses_a_spec_of_another_flow(tmp_path: Path) -> None:
-    from harness.run.flows.kafka import KafkaRunSession
-
-    refused(lambda: KafkaRunSession(spec(), _endpoints(), runs_root=tmp_path), "runs on activemq, not kafka")
-    assert list(tmp_path.iterdir()) == []
+    first = resolve(scenario, 0)[0]
+    assert importlib.import_module(module).FLOW is first.flow
+    # One session class for every flow: the parts it is built with are the flow's.
+    run = RunSession(first, fake_endpoints(dtm=True), runs_root=tmp_path)
+    parts = (type(run.topology).__name__, type(run.workload).__name__, type(run.quiescence).__name__)
+    assert parts == (topology, workload, quiescence)
+    run.topology.release()
 
 
-def test_run_session_of_a_spec_is_its_flows_session_class() -> None:
+def test_no_flow_subclasses_the_session() -> None:
     from harness.run.core.session import RunSession
-    from harness.run.flows.activemq import StageRunSession
-    from harness.run.flows.kafka import KafkaRunSession
 
-    kafka = spec(
-        flow="kafka",
-        handler="harness.patterns.kafka_consumer:naive",
-        schema="kafka_consumer",
-        effect_table="kafka_effects",
-    )
-    # __new__ alone: the class is chosen, nothing is made or started.
-    assert type(RunSession.__new__(RunSession, spec(), _endpoints())) is StageRunSession
-    assert type(RunSession.__new__(RunSession, kafka, _endpoints())) is KafkaRunSession
+    assert RunSession.__subclasses__() == []
 
 
 def test_a_session_refuses_a_handler_that_does_not_import_before_it_makes_a_folder(tmp_path: Path) -> None:
@@ -246,9 +233,3 @@ def test_a_session_refuses_a_handler_that_does_not_import_before_it_makes_a_fold
     bad = spec(handler="harness.patterns.onepc:naiv")
     refused(lambda: RunSession(bad, _endpoints(), runs_root=tmp_path), "naiv")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_session_of_one_flow_refuses_a_spec_of_another() -> None:
-    from harness.run.flows.kafka import KafkaRunSession
-
-    refused(lambda: KafkaRunSession(spec(), _endpoints()), "runs on activemq, not kafka", "RunSession(spec, endpoints)")

@@ -26,7 +26,7 @@ from harness.clients.kafka.admin import (
     watermarks,
 )
 from harness.clients.kafka.group import HEARTBEAT_MS, SESSION_TIMEOUT_MS, GroupConsumer, OutputProducer
-from harness.clients.kafka.reader import TopicReader, consume_all, produce, read_range
+from harness.clients.kafka.reader import TopicReader, consume_all, produce, read_range, read_visible
 from harness.clients.kafka.records import (
     DLT_SUFFIX,
     TP,
@@ -65,5 +65,6 @@ __all__ = [
     "produce",
     "purge_topics",
     "read_range",
+    "read_visible",
     "watermarks",
 ]

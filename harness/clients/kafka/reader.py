@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from harness.clients.kafka.admin import partitions_of, watermarks
+from harness.clients.kafka.admin import end_offsets, partitions_of, watermarks
 from harness.clients.kafka.group import SESSION_TIMEOUT_MS, OutputProducer
 from harness.clients.kafka.records import TP, Record, check, to_record
 from harness.errors import HarnessError
@@ -142,4 +142,40 @@ def consume_all(bootstrap: str, topic: str, *, expect: int, timeout: float = 15.
             out.append(((msg.key() or b"").decode(), (msg.value() or b"").decode()))
     finally:
         consumer.close()
+    return out
+
+
+# A partition read up to one before its end offset: after this long, the end is a commit marker.
+MARKER_GRACE_S = 0.3
+
+
+def read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[Record]:
+    """Return the committed records of ``topic`` (read_committed: an aborted dead letter is no record).
+
+    A transaction's commit marker takes an offset too, so the end offset may be one past the
+    last record: a partition is read once its last offset came, or ``MARKER_GRACE_S`` after the
+    one before it (the last is then a marker), or at the timeout (only aborted records).
+    """
+    ends = {p: e for p, e in end_offsets(bootstrap, topic).items() if e > 0}
+    if not ends:
+        return []
+    reader = TopicReader(bootstrap, [topic], client_id="txchaos-visible")
+    out: list[Record] = []
+    near: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            for rec in reader.poll(500, 0.1):
+                out.append(rec)
+                end = ends.get(rec.partition, 0)
+                if rec.offset >= end - 1:
+                    ends.pop(rec.partition, None)
+                elif rec.offset == end - 2:
+                    near[rec.partition] = time.monotonic()
+            for p, since in list(near.items()):
+                if time.monotonic() - since >= MARKER_GRACE_S:
+                    ends.pop(p, None)
+                    del near[p]
+    finally:
+        reader.close()
     return out

@@ -1,9 +1,9 @@
 """The processes part of a session: who does the flow's work, and how the run starts, arms and stops them.
 
-A session is its flow's topology (destinations, sink, quiescence, books) plus a ``Processes``
-part: txchaos's own worker processes (``Workers``, every built-in flow), or a team's own service
-instances behind trap proxies (``harness.run.flows.service.ServiceInstances``: the service flows
-are the ActiveMQ and Kafka stage sessions with that part swapped in). A flow names its part in
+One of a session's parts (``harness.run.core.roles``) is a ``Processes``: txchaos's own worker
+processes (``Workers``, every built-in flow: the specs its topology gives), or a team's own
+service instances behind trap proxies (``harness.run.flows.service.ServiceInstances``: the
+service flows are the ActiveMQ and Kafka stage flows with that part swapped in). A flow names its part in
 its registration (``Flow(processes=...)``); ``RunSession`` builds it and calls it at each turn of
 the lifecycle:
 
@@ -89,15 +89,14 @@ class ProcessesKind(Protocol):
 
 
 class Session(Protocol):
-    """What ``Workers`` reads of its session: the flow's own worker specs and how it announces them."""
+    """What ``Workers`` reads of its session: the topology's worker specs and how it announces them."""
 
     folder: Any
     ledger: Any
-    _pool: WorkerPool | None
+    topology: Any  # a ``harness.run.core.roles.Topology``
 
-    def _worker_specs(self) -> list[Any]: ...
-
-    def _announce_workers(self) -> None: ...
+    @property
+    def pool(self) -> WorkerPool | None: ...
 
 
 def worker_spec(
@@ -126,7 +125,7 @@ def worker_spec(
 
 
 class Workers:
-    """txchaos's own worker processes: the session's ``_worker_specs``, supervised and restarted."""
+    """txchaos's own worker processes: the topology's ``worker_specs``, supervised and restarted."""
 
     arm_via: ClassVar[str] = "crash"
     may_join_late: ClassVar[bool] = True
@@ -145,10 +144,10 @@ class Workers:
 
     def make_pool(self) -> WorkerPool:
         s = self.session
-        return WorkerPool(s._worker_specs(), s.folder.path, s.ledger)
+        return WorkerPool(s.topology.worker_specs(), s.folder.path, s.ledger)
 
     def announce(self) -> None:
-        self.session._announce_workers()
+        self.session.topology.announce()
 
     def body(self, fields: dict[str, object]) -> str | None:
         return None
@@ -158,7 +157,7 @@ class Workers:
 
     def _numbered(self, number: int, step: str) -> Supervised:
         """Return the spec of worker ``number``; refuse a step before the start or past the last worker."""
-        pool = self.session._pool
+        pool = self.session.pool
         if pool is None:
             raise ConfigError(f"a {step}({number}) step before the workers started", hint="apply Start() first")
         if not 0 <= number < len(pool.specs):
@@ -170,7 +169,7 @@ class Workers:
         """SIGKILL worker ``number`` (of every stage's workers and helpers, in start order) wherever it is."""
         s = self.session
         spec = self._numbered(number, "Kill")
-        pool = s._pool
+        pool = s.pool
         assert pool is not None
         s.ledger.emit(Kind.CRASH, point="kill", stage=spec.stage, worker=spec.name, action="kill")
         with contextlib.suppress(ProcessLookupError):  # it died by itself meanwhile: restarted anyway
@@ -180,14 +179,14 @@ class Workers:
     def pause(self, number: int) -> Pause:
         """Return the pause of worker ``number`` (its own process group: the worker and its children)."""
         spec = self._numbered(number, "Freeze")
-        pool = self.session._pool
+        pool = self.session.pool
         assert pool is not None
         pool.wait_alive(spec.name, self.start_timeout_s)  # a worker a crash just killed: its replacement
         return Pause(pool.procs[spec.name].pid)
 
     def thaw(self) -> int:
         """Continue every worker a ``freeze`` arm stopped (SIGCONT to each: a running one ignores it)."""
-        pool = self.session._pool
+        pool = self.session.pool
         if pool is None:
             return 0
         stopped = [p.pid for p in pool.procs.values() if p.alive() and _stopped(p.pid)]

@@ -10,10 +10,10 @@ KeyboardInterrupt) never loses what the ledger holds. Everything between is a st
 turns the spec into steps (``harness.run.core.plan``: start, arm, submit up to each fault window,
 hold it, submit the rest), a state machine emits them, ``harness.run.core.replay`` runs a folder's steps again.
 
-A flow (``harness.run.flows``) supplies a subclass with small hooks: ``_provision``,
-``_worker_specs``, ``_submit``, ``_await_quiescence``, ``_close_books`` and ``_release``, and
-registers it as its ``Flow``'s session. ``RunSession(spec, endpoints)`` builds the session of the
-spec's flow; ``run_scenario`` (``harness.run_scenario``, the pytest fixture, the CLI) drives one.
+The session is written once and never subclassed: a flow's registration names its parts
+(``harness.run.core.roles``: topology, processes, workload, quiescence, books) and the session
+builds and calls them. ``RunSession(spec, endpoints)`` runs any spec; ``run_scenario``
+(``harness.run_scenario``, the pytest fixture, the CLI) drives one.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any, ClassVar, Self, cast
+from typing import Any, Self, cast
 
 from harness.clients import db
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import active
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
-from harness.run.core.books import Book, EffectTable
+from harness.run.core.books import Book
 from harness.run.core.folder import RunFolder
 from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, judge_folder, reset_state
-from harness.run.core.parts import FREEZE_SKIPPED, WORKERS, Processes, ProcessesKind, both, freeze, worker_spec
+from harness.run.core.parts import FREEZE_SKIPPED, WORKERS, Processes, ProcessesKind, both, freeze
 from harness.run.core.plan import plan
+from harness.run.core.roles import Quiescence, Topology, TopologyKind, Workload
 from harness.run.core.signals import deferred
 from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import flows
 from harness.run.spec.handlers import check_handlers
 from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
@@ -47,7 +47,6 @@ from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
 from harness.verify import declared
 from harness.worker.crash import CrashArm, write_arms
-from harness.worker.spec import WorkerSpec
 
 
 class RunSession:
@@ -58,16 +57,6 @@ class RunSession:
     ...     run.arm(Crash("after_db_commit", op_index=2))
     ...     result = run.close()
     """
-
-    # drive() submits the operations before the first fault window before the workers join.
-    late_workers: ClassVar[bool] = False
-
-    def __new__(cls, spec: ScenarioSpec, endpoints: Endpoints, **_: Any) -> RunSession:
-        if cls is RunSession and isinstance(spec, ScenarioSpec):
-            session = spec.flow.session  # the session class the flow registered with
-            if isinstance(session, type) and issubclass(session, RunSession):
-                cls = session
-        return object.__new__(cls)
 
     def __init__(
         self,
@@ -80,15 +69,10 @@ class RunSession:
     ) -> None:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
-        registered: object = spec.flow.session  # (an object: mypy cannot compare a class with a Callable)
-        if registered is not type(self):
-            runs = [f.name for f in flows() if f.session is type(self)]
-            raise ConfigError(
-                f"{spec.label} runs on {spec.flow.name}, not {' or '.join(runs) or type(self).__name__}",
-                hint="build the session with RunSession(spec, endpoints): it picks the flow's session",
-            )
-        self._check(spec, endpoints)
-        parts = cast(ProcessesKind, spec.flow.processes) if spec.flow.processes else WORKERS
+        flow = spec.flow
+        topology = cast(TopologyKind, flow.topology)
+        topology.check(spec, endpoints)
+        parts = cast(ProcessesKind, flow.processes) if flow.processes else WORKERS
         parts.check(spec, endpoints)
         # Before the folder exists: a handler that does not import fails naming itself, not as
         # "worker-0 keeps dying before it subscribes", and leaves no half-made run behind.
@@ -114,66 +98,42 @@ class RunSession:
         self._started = 0.0
         self._result: RunResult | None = None
         self._faults = ExitStack()  # the faults ``Open`` applied, healed by ``Heal`` or on close
-        self.group = f"{self.ns}.group"  # the consumer group of a flow (or a service) that has one
-        self._setup()
+        self.topology: Topology = topology(self)
         self.processes: Processes = parts(self)
+        self.workload: Workload = cast(Callable[..., Workload], flow.workload)(self, self.topology)
+        self.quiescence: Quiescence = cast(Callable[..., Quiescence], flow.quiescence)(self, self.topology)
 
-    # -- hooks a flow's session supplies -------------------------------------------------------
-    def _setup(self) -> None:
-        """Name the run's destinations and make its transport (the folder and namespace exist)."""
-
-    def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
-        """Refuse a spec or stack this session cannot run (before anything starts)."""
-
-    def _provision(self) -> None:
-        """Create the run's destinations, sink and producer (after the reset, before the workers)."""
-
-    def _worker_specs(self) -> list[WorkerSpec]:
-        raise NotImplementedError
-
-    def _announce_workers(self) -> None:
-        """Write the folder steps that say which processes started."""
+    # -- what the parts read ------------------------------------------------------------------
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The running processes' pool (None before ``Start`` and after the close)."""
+        return self._pool
 
     def submit(self, count: int, *, poison: bool = False, **extra: Any) -> list[str]:
-        """Submit ``count`` new operations and return their ids (``extra``: the flow's own options).
+        """Submit ``count`` new operations and return their ids (``extra``: the workload's own options).
 
         A submission is whole: a signal that arrives while it sends waits until every operation
         it wrote a SUBMIT for is out, or the ledger would claim operations never sent.
         """
+        self.engine("submit")  # refuses a run that is not open
         with deferred():
-            return self._submit(count, poison=poison, **extra)
-
-    def _submit(self, count: int, *, poison: bool = False) -> list[str]:
-        """The flow's submission: write each operation's SUBMIT, then send it."""
-        raise NotImplementedError
-
-    def _await_quiescence(self, pool: WorkerPool) -> None:
-        raise NotImplementedError
+            return self.workload.submit(count, poison=poison, **extra)
 
     def books(self) -> tuple[Book, ...]:
         """Return the books the run closes into the ledger, in order, once its processes stopped."""
-        raise NotImplementedError
-
-    def _close_books(self, engine: db.Engine) -> None:
-        for book in self.books():
-            book.close(engine)
-
-    def _release(self) -> None:
-        """Close the flow's clients, stop its sink and delete its destinations (healing; once)."""
-
-    def _alone(self) -> set[int]:
-        """Return the operation numbers drive() submits alone, the flow idle before and after."""
-        return set()
+        books: tuple[Book, ...] = cast(Callable[..., tuple[Book, ...]], self.spec.flow.books)(self, self.topology)
+        return books
 
     def wait_idle(self) -> None:
         """Wait until the operations so far are done (drive() calls it around one submitted alone)."""
+        self.workload.wait_idle()
 
     def out_count(self) -> int | None:
         """Return how many operations came out so far (None: the flow cannot tell while it runs).
 
         A soak's closed loop keeps submitted minus out under its window; its progress shows it.
         """
-        return None
+        return self.workload.out_count()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self, *, start_workers: bool = True) -> Self:
@@ -185,7 +145,7 @@ class RunSession:
         try:
             self._engine = reset_state(spec, ep, folder)
             (folder.path / "endpoints.json").write_text(ep.to_json())
-            self._provision()
+            self.topology.provision()
             self.processes.provision()
             if start_workers:
                 self.start_workers()
@@ -212,10 +172,11 @@ class RunSession:
             self._faults.close()  # the final heal: quiescence is judged on a healthy stack
             self.start_workers()
             assert self._pool is not None
-            self._await_quiescence(self._pool)
+            self.quiescence.wait(self._pool)
             self._pool.stop()
             self._pool = None
-            self._close_books(self._engine)
+            for book in self.books():
+                book.close(self._engine)
             declared.snapshot(self._engine, self.spec.contract, self.ledger, self.ops, step=self.folder.step)
             self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
         finally:
@@ -234,7 +195,7 @@ class RunSession:
                 self._pool.stop()
                 self._pool = None
             self.processes.release()
-            self._release()
+            self.topology.release()
         finally:
             if self._engine is not None:
                 self._engine.dispose()
@@ -253,8 +214,9 @@ class RunSession:
         """Run the spec: open, apply its steps (``plan``), close."""
         self.open(start_workers=False)
         try:
-            late = self.late_workers and self.processes.may_join_late
-            for step in plan(self.spec, late=late, alone=self._alone(), submitted=lambda: len(self.ops)):
+            late = self.topology.late_workers and self.processes.may_join_late
+            alone = self.workload.alone()
+            for step in plan(self.spec, late=late, alone=alone, submitted=lambda: len(self.ops)):
                 self.apply(step)
             return self.close()
         finally:
@@ -312,17 +274,14 @@ class RunSession:
         """Continue every frozen instance; return how many (processes without traps freeze none)."""
         return self.processes.thaw()
 
-    def _mint(self, count: int) -> list[str]:
+    def mint(self, count: int) -> list[str]:
+        """Return the ids of the next ``count`` operations (a workload appends each to ``ops`` once sent)."""
         return [self.op_id(next(self._numbers)) for _ in range(count)]
-
-    def _arm_op(self, crash: Crash) -> str | None:
-        """Return the operation ``crash`` names (None: the nth hit of its point)."""
-        return None if crash.op_index is None else self.op_id(crash.op_index)
 
     def arm(self, crash: Crash, *, op: str | None = None) -> CrashArm:
         """Arm a crash point: on ``op`` (or the spec's ``op_index``), or on the nth hit."""
         if op is None:
-            op = self._arm_op(crash)
+            op = self.workload.arm_op(crash)
         arm = CrashArm(f"arm-{len(self.arms)}", crash.point, op, crash.worker, crash.nth, crash.action)
         self.arms.append(arm)
         # Before the arm is live: the verdict accounts for every request (verify/fired.py), and
@@ -353,22 +312,14 @@ class RunSession:
     def duplicate_effects(self) -> list[str]:
         """Return the operation ids whose effect is applied more than once right now."""
         engine = self.engine("duplicate_effects")
-        return db.duplicated_values(engine, self.spec.effect_table, self.spec.effect_column)
+        tables = self.topology.effect_tables()
+        return sorted({op for table, column in tables for op in db.duplicated_values(engine, table, column)})
 
     @property
     def restarts(self) -> int:
         return self._pool.restarts if self._pool else 0
 
-    # -- shared by the flows -------------------------------------------------------------------
-    def _worker(self, name: str, handler: str, **fields: Any) -> WorkerSpec:
-        """Return the spec of one worker process of this run (``worker_spec``'s fields)."""
-        return worker_spec(self.folder.path, name, handler, **fields)
-
-    def _effect_table(self) -> EffectTable:
-        """Return the book of the spec's effect table."""
-        return EffectTable(self.ledger, self.folder, self.spec.effect_table, self.spec.effect_column)
-
-    def _quiescent(self, out: Callable[[], int], what: str, pool: WorkerPool) -> None:
+    def quiescent(self, out: Callable[[], int], what: str, pool: WorkerPool) -> None:
         """Let late duplicates arrive (``settle_s``), then record how far the flow got (``out()`` of the ops)."""
         time.sleep(self.spec.settle_s)
         self.folder.step(f"quiescence after {out()}/{len(self.ops)} {what}; {pool.restarts} restart(s)")

@@ -1,89 +1,97 @@
-"""Run a chain of ActiveMQ (STOMP) queue stages: the ``activemq`` flow's session.
+"""Run a chain of ActiveMQ (STOMP) queue stages: the ``activemq`` flow's parts.
 
-``StageRunSession`` supplies ``RunSession``'s hooks for a chain of stages, each a pool of
-workers on its input queue (the first fed by ``submit``, each next by the one before), with
-helper processes (an outbox relay, a service) and an optional transactional outbox. Quiescence
-is every operation out (downstream or dead-lettered) or the flow idle (``_Idleness``) with some
-never out; the books close with the queues' residue, the effect table and the unrelayed outbox
-rows.
+``Queues`` is the topology: a chain of stages, each a pool of workers on its input queue (the
+first fed by the ``Messages`` workload, each next by the one before), with helper processes (an
+outbox relay, a service) and an optional transactional outbox. ``QueuesSettle`` is how the
+``AllOut`` quiescence settles on queues: every operation out (downstream or dead-lettered) and
+every delivery settled, or the flow idle (``_Idleness``) with some never out. The books close with
+the queues' residue, the effect table and the unrelayed outbox rows (``queue_books``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 from harness.clients import db
+from harness.errors import HarnessError
 from harness.poll import poll_until
-from harness.run.core.books import Book, UnsentOutbox
-from harness.run.core.sink_session import SinkSession
+from harness.run.core.books import Book, EffectTable, UnsentOutbox
+from harness.run.core.parts import worker_spec
+from harness.run.core.roles import SessionView
+from harness.run.core.sink_parts import Messages, SinkStopped, all_out, release_sink
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
 from harness.run.spec.ops import OpSet
+from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.activemq import ActiveMQTransport
 from harness.run.transports.activemq_sink import QueueResidue, Sink
 from harness.run.transports.settle import Settlement
+from harness.stack.base import Endpoints
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.spec import WorkerSpec
 
-__all__ = ["IDLE_S", "StageRunSession"]
+__all__ = ["IDLE_S", "Queues"]
 
 # How long the flow must stay idle before operations that never came out are judged (``_Idleness``):
 # twice the redelivery plugin's 1 s delay, and room for a restarted broker to dispatch again.
 IDLE_S = 2.0
 
 
-class StageRunSession(SinkSession[Sink]):
-    """One run of a chain of queue stages, driven step by step (build it as ``RunSession(spec, endpoints)``).
+class Queues:
+    """The topology of a chain of queue stages: ``<ns>.in``, a queue per further stage, ``<ns>.out``."""
 
-    >>> with RunSession(spec, endpoints) as run:
-    ...     ops = run.submit(5)
-    ...     run.arm(Crash("after_db_commit", op_index=2))
-    ...     result = run.close()
-    """
+    late_workers: ClassVar[bool] = False
 
-    transport: ActiveMQTransport
-
-    def _setup(self) -> None:
-        self.input_queue, self.output_queue = f"{self.ns}.in", f"{self.ns}.out"
+    def __init__(self, session: SessionView) -> None:
+        self.session = session
+        spec, ns = session.spec, session.ns
+        self.group = f"{ns}.group"  # a service's consumer group, where its transport has one
+        self.input_queue, self.output_queue = f"{ns}.in", f"{ns}.out"
         self.input_dest = self.input_queue
         # The input queue of every stage: the first is fed by submit, each next by the one before.
-        self.stage_queues = [self.input_queue, *(f"{self.ns}.{s.name}" for s in self.spec.chain)]
-        if self.spec.service is not None:
+        self.stage_queues = [self.input_queue, *(f"{ns}.{s.name}" for s in spec.chain)]
+        if spec.service is not None:
             # A service's inner queues are read like stage queues: residue, and their dead letters.
-            self.stage_queues.extend(self.spec.service.inner_queues(self.input_queue))
-        self.own_stomp = self.endpoints.stomp.direct() if self.bypass_faults else self.endpoints.stomp
-        self.transport = ActiveMQTransport(self.own_stomp, self.folder)
+            self.stage_queues.extend(spec.service.inner_queues(self.input_queue))
+        self.own_stomp = session.endpoints.stomp.direct() if session.bypass_faults else session.endpoints.stomp
+        self.transport = ActiveMQTransport(self.own_stomp, session.folder)
+        self.sink: Sink | None = None
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _provision(self) -> None:
-        output = self.output_queue if self.spec.contract.expects_downstream else None
-        self._sink = Sink(self.own_stomp, self.ledger, input_queues=self.stage_queues, output_queue=output)
-        self._sink.start()
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        return None
+
+    def provision(self) -> None:
+        s = self.session
+        output = self.output_queue if s.spec.contract.expects_downstream else None
+        self.sink = Sink(self.own_stomp, s.ledger, input_queues=self.stage_queues, output_queue=output)
+        self.sink.start()
         self.transport.create(self.stage_queues)
 
-    def _announce_workers(self) -> None:
-        spec, folder = self.spec, self.folder
+    def announce(self) -> None:
+        spec, folder = self.session.spec, self.session.folder
         folder.step(f"start {spec.workers} worker(s) running {spec.handler} on {self.input_queue}")
         for stage, queue in zip(spec.chain, self.stage_queues[1:], strict=True):
             folder.step(f"start {stage.workers} {stage.name} worker(s) running {stage.handler} on {queue}")
         for helper in spec.helpers:
             folder.step(f"start helper {helper.name} running {helper.handler}")
 
-    # -- acting while the flow runs ------------------------------------------------------------
-    # -- phases --------------------------------------------------------------------------------
-    def _worker_specs(self) -> list[WorkerSpec]:
+    def worker_specs(self) -> list[WorkerSpec]:
         """Return the workers of every stage, then the helper processes."""
-        spec = self.spec
-        urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in self.helper_ports.items()}
+        s = self.session
+        spec, run_dir = s.spec, s.folder.path
+        urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in s.helper_ports.items()}
         final = self.output_queue if spec.contract.expects_downstream else None
         outputs = [*self.stage_queues[1:], final]
         stages = [
             ("worker", spec.name, spec.handler, spec.workers, spec.options),
-            *((s.name, s.name, s.handler, s.workers, s.options) for s in spec.chain),
+            *((st.name, st.name, st.handler, st.workers, st.options) for st in spec.chain),
         ]
         out = [
-            self._worker(
+            worker_spec(
+                run_dir,
                 f"{prefix}-{i}",
                 handler,
                 stage=stage,
@@ -101,76 +109,77 @@ class StageRunSession(SinkSession[Sink]):
         # stage's worker names: "worker" for the first stage, then each chain stage's name.
         queues = {prefix: queue for (prefix, *_), queue in zip(stages, self.stage_queues, strict=True)}
         for h in spec.helpers:
-            port = {"port": self.helper_ports[h.name]} if h.port else {}
+            port = {"port": s.helper_ports[h.name]} if h.port else {}
             options = {**urls, "queues": queues, **h.options, **port}
             out.append(
-                self._worker(
-                    h.name, h.handler, input_queue=self.input_queue, output_queue=None, options=options, kind="process"
+                worker_spec(
+                    run_dir,
+                    h.name,
+                    h.handler,
+                    input_queue=self.input_queue,
+                    output_queue=None,
+                    options=options,
+                    kind="process",
                 )
             )
         return out
 
-    def _all_out(self, pool: WorkerPool, deadline: float) -> None:
+    def effect_tables(self) -> tuple[tuple[str, str], ...]:
+        return ((self.session.spec.effect_table, self.session.spec.effect_column),)
+
+    def release(self) -> None:
+        release_sink(self)
+
+
+class QueuesSettle:
+    """How quiescence settles on queues: deliveries settled, the flow idle, the outbox relayed."""
+
+    def __init__(self, session: SessionView, place: Queues) -> None:
+        self.session, self.place = session, place
+
+    def all_out(self, pool: WorkerPool, deadline: float) -> None:
         # A worker killed after its DB commit gets its message back once it is replaced, and the
         # replacement must settle it before the queues are drained as residue.
+        s = self.session
         if pool.wait_serving(deadline):
             self._await_settled(deadline)
-            if self.arms and not self.processes.ledgers_deliveries and self._sink is not None:
+            sink = self.place.sink
+            if s.arms and not s.processes.ledgers_deliveries and sink is not None:
                 # A trap may have cut off or killed a service instance that had already sent its
                 # output but not its ACK: it notices a moment later, ends, and its message comes
                 # back to the instance started in its place. No ledger says a message is pending, so
                 # wait until the flow has been idle a while, or that message would be drained as
                 # residue (stuck) instead of applied again (a duplicate effect).
-                idle = _Idleness(Settlement(self.folder.path / "ledger"), pool, self._sink, IDLE_S)
+                idle = _Idleness(Settlement(s.folder.path / "ledger"), pool, sink, IDLE_S)
                 poll_until(lambda: idle.idle(self._outbox_empty), deadline=deadline, every_s=0.05)
 
-    def _nothing_more(self, sink: Sink, pool: WorkerPool) -> Callable[[int, int], bool]:
+    def nothing_more(self, sink: Sink, pool: WorkerPool) -> Callable[[int, int], bool]:
         """Return the probe: the flow idle (``_Idleness``) with some never out, or a crash loop."""
         # A crash loop (a poison message) never ends on its own: once the workers have died more
         # often than the contract's max_deliveries with nothing coming out, stop waiting for it.
-        limit = self.spec.contract.max_deliveries
+        s = self.session
+        limit = s.spec.contract.max_deliveries
         progressed, restarts_then = -1, pool.restarts
-        idle = _Idleness(Settlement(self.folder.path / "ledger"), pool, sink, max(self.spec.settle_s, IDLE_S))
+        idle = _Idleness(Settlement(s.folder.path / "ledger"), pool, sink, max(s.spec.settle_s, IDLE_S))
 
         def probe(done: int, missing: int) -> bool:
             nonlocal progressed, restarts_then
             if idle.idle(self._outbox_empty):
-                self.progress(f"the flow is idle; {missing} operation(s) never came out")
-                self.folder.step(f"quiescence: idle for {idle.quiet_s}s with {missing} operation(s) not out")
+                s.progress(f"the flow is idle; {missing} operation(s) never came out")
+                s.folder.step(f"quiescence: idle for {idle.quiet_s}s with {missing} operation(s) not out")
                 return True
             if done > progressed:
                 progressed, restarts_then = done, pool.restarts
             elif limit is not None and pool.restarts - restarts_then > limit:
                 looped = pool.restarts - restarts_then
-                self.progress(f"crash loop: {looped} worker restarts and no operation out; not waiting longer")
-                self.folder.step(f"crash loop: {looped} restarts with {missing} operation(s) not out")
+                s.progress(f"crash loop: {looped} worker restarts and no operation out; not waiting longer")
+                s.folder.step(f"crash loop: {looped} restarts with {missing} operation(s) not out")
                 return True
             return False
 
         return probe
 
-    def _after_out(self, deadline: float) -> None:
-        self._await_outbox(deadline)
-
-    def _await_settled(self, deadline: float) -> None:
-        """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
-        settlement = Settlement(self.folder.path / "ledger")
-
-        pool = self._pool
-
-        def unsettled() -> set[str]:
-            out = self._sink.accounted() if self._sink is not None else OpSet()
-            live = {p.pid for p in pool.procs.values() if p.alive()} if pool is not None else None
-            return settlement.unsettled(out, live)
-
-        if not poll_until(lambda: not unsettled(), deadline=deadline):
-            self.folder.step(f"quiescence: {len(unsettled())} delivered message(s) never settled")
-
-    def _outbox_empty(self) -> bool:
-        outbox, engine = self.spec.outbox_table, self._engine
-        return outbox is None or engine is None or not db.column_values(engine, outbox, "op_id", where_null="sent_at")
-
-    def _await_outbox(self, deadline: float) -> None:
+    def after_out(self, deadline: float) -> None:
         """Wait (bounded by ``deadline``) until the outbox holds no unsent row.
 
         An operation can come out before its outbox row is marked sent (a relay killed between
@@ -179,13 +188,42 @@ class StageRunSession(SinkSession[Sink]):
         """
         poll_until(self._outbox_empty, deadline=deadline, every_s=0.05)
 
-    def _residue(self) -> Book:
-        idle = min(0.3, max(0.1, self.spec.settle_s))
-        return QueueResidue(self.endpoints.stomp, tuple(self.stage_queues), self.ledger, self.folder, idle)
+    def _await_settled(self, deadline: float) -> None:
+        """Wait (bounded by ``deadline``) until every delivered input message is committed or NACKed."""
+        s = self.session
+        settlement = Settlement(s.folder.path / "ledger")
 
-    def _effects(self) -> tuple[Book, ...]:
-        outbox = self.spec.outbox_table
-        return (self._effect_table(), *([UnsentOutbox(self.ledger, self.folder, outbox)] if outbox else []))
+        def unsettled() -> set[str]:
+            sink, pool = self.place.sink, s.pool
+            out = sink.accounted() if sink is not None else OpSet()
+            live = {p.pid for p in pool.procs.values() if p.alive()} if pool is not None else None
+            return settlement.unsettled(out, live)
+
+        if not poll_until(lambda: not unsettled(), deadline=deadline):
+            s.folder.step(f"quiescence: {len(unsettled())} delivered message(s) never settled")
+
+    def _outbox_empty(self) -> bool:
+        outbox = self.session.spec.outbox_table
+        if outbox is None:
+            return True
+        try:
+            engine = self.session.engine("outbox")
+        except HarnessError:  # the run closed meanwhile: nothing to wait for
+            return True
+        return not db.column_values(engine, outbox, "op_id", where_null="sent_at")
+
+
+def queue_books(session: SessionView, place: Queues) -> tuple[Book, ...]:
+    """The queues' residue, the sink's last reads, the effect table, then the unrelayed outbox rows."""
+    s, spec = session, session.spec
+    idle = min(0.3, max(0.1, spec.settle_s))
+    outbox = spec.outbox_table
+    return (
+        QueueResidue(s.endpoints.stomp, tuple(place.stage_queues), s.ledger, s.folder, idle),
+        SinkStopped(place),
+        EffectTable(s.ledger, s.folder, spec.effect_table, spec.effect_column),
+        *([UnsentOutbox(s.ledger, s.folder, outbox)] if outbox else []),
+    )
 
 
 class _Idleness:
@@ -230,7 +268,10 @@ FLOW = register(
         "activemq",
         "activemq",
         "a chain of STOMP queue stages with helpers and an outbox",
-        session=StageRunSession,
+        topology=Queues,
+        workload=Messages,
+        quiescence=all_out(QueuesSettle),
+        books=queue_books,
         points=STAGE_POINTS,
         actions=ACTIONS,
         accepts=frozenset(OPTIONAL_FIELDS),

@@ -1,6 +1,6 @@
 """Run one CQRS scenario: entity events keyed by aggregate id into a Kafka replica, a per-key verdict.
 
-``CqrsRunSession`` is ``KafkaRunSession`` with entity events for operations: operation ``n`` is
+The ``kafka`` flow's topology and quiescence with ``EntityEvents`` for a workload: operation ``n`` is
 ``entity_event(n)`` (create, update, delete per entity), keyed by its aggregate id, its event id
 in the ``txchaos-op`` header and its version in ``txchaos-version``; a delete is a tombstone (a
 null value). The SUBMIT of each carries ``key``, ``version`` and ``tombstone``.
@@ -12,7 +12,7 @@ How the books close into the ledger (contract: no downstream, ``per_key``):
   an event never applied is ``lost``;
 - every replica row is a ``residue_entity``, live or a tombstone marker.
 
-Quiescence and residue of the input topic are ``KafkaRunSession``'s; the lifecycle is
+Quiescence and residue of the input topic are the ``kafka`` flow's; the lifecycle is
 ``RunSession``'s. The registry checks the contract (per key, no downstream) when the spec is made.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
 
@@ -29,41 +30,50 @@ from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
 from harness.run.core.books import Book
-from harness.run.flows.kafka import KafkaRunSession, kafka_flow
+from harness.run.core.roles import Plain, SessionView
+from harness.run.core.sink_parts import SinkStopped, all_out
+from harness.run.flows.kafka import GroupCommitted, Topics, group_residue, kafka_flow
 from harness.run.spec.flow import register
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.base import RunRecord
 
 
-class CqrsRunSession(KafkaRunSession):
-    """A Kafka run whose operations are entity events (``submit``) and whose books are per key."""
+class EntityEvents(Plain):
+    """Operations that are entity events: keyed by aggregate id, a delete a tombstone."""
 
-    def _submit(self, count: int, *, poison: bool = False) -> list[str]:
+    def __init__(self, session: SessionView, place: Topics) -> None:
+        self.session, self.place = session, place
+
+    def submit(self, count: int, *, poison: bool = False, **extra: Any) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
         if poison:
             raise ConfigError(
                 "poison records in a CQRS run", hint="entity events have no poison flag: submit plain ones"
             )
-        self.engine("submit")  # refuses a run that is not open
+        s, place = self.session, self.place
+        topic = place.input_topic
         new = []
-        for op in self._mint(count):
-            n = len(self.ops)
+        for op in s.mint(count):
+            n = len(s.ops)
             ev = entity_event(n)
-            self.ledger.emit(
-                Kind.SUBMIT, op=op, dest=self.input_topic, key=ev.key, version=ev.version, tombstone=ev.tombstone
-            )
+            s.ledger.emit(Kind.SUBMIT, op=op, dest=topic, key=ev.key, version=ev.version, tombstone=ev.tombstone)
             value = None if ev.tombstone else json.dumps({"op": op, "name": f"{ev.key} v{ev.version}"})
             headers = {"txchaos-op": op, VERSION_HEADER: str(ev.version)}
-            self.transport.send(self.input_topic, value, key=ev.key, headers=headers)
-            self.ops.append(op)
+            place.transport.send(topic, value, key=ev.key, headers=headers)
+            s.ops.append(op)
             new.append(op)
-        self.transport.flush()
-        self.folder.step(f"submit {count} entity event(s) to {self.input_topic}")
-        self.progress(f"submitted {len(self.ops)} entity events")
+        place.transport.flush()
+        s.folder.step(f"submit {count} entity event(s) to {topic}")
+        s.progress(f"submitted {len(s.ops)} entity events")
         return new
 
-    def _effects(self) -> tuple[Book, ...]:
-        return (ApplyJournal(self.ledger, self.folder),)
+    def out_count(self) -> int | None:
+        return None if self.place.sink is None else self.place.sink.count()
+
+
+def journal_books(session: SessionView, place: Topics) -> tuple[Book, ...]:
+    """The group's backlog, the sink's last reads, then the replica's apply journal."""
+    return (group_residue(session, place), SinkStopped(place), ApplyJournal(session.ledger, session.folder))
 
 
 @dataclass(frozen=True)
@@ -100,8 +110,11 @@ def _check(spec: ScenarioSpec) -> None:
 FLOW = register(
     kafka_flow(
         "kafka_cqrs",
-        CqrsRunSession,
         "entity events keyed by aggregate id into one Kafka replica stage",
+        topology=Topics,
+        workload=EntityEvents,
+        quiescence=all_out(GroupCommitted),
+        books=journal_books,
         check_spec=_check,
     )
 )

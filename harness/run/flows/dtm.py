@@ -1,10 +1,10 @@
 """Run one DTM 2-phase message scenario: the service and the branch as worker processes, a verdict.
 
-``DtmRunSession`` is ``RunSession`` with DTM in place of a broker queue: ``open`` (schema and
-tables, the ``service`` and ``branch`` processes on ports of their own) -> ``arm`` / ``submit``
-/ ``hold_fault`` -> ``close``. An operation is a transfer the driver asks the service for over
-HTTP; quiescence is every request answered and every prepared message decided by DTM
-(``succeed`` or ``failed``). The books it closes with:
+The ``dtm`` flow's parts put DTM in place of a broker queue: the topology (``DtmService``) runs
+the ``service`` and ``branch`` processes on ports of their own; an operation is a transfer the
+driver asks the service for over HTTP (the ``Transfers`` workload); quiescence (``Decided``) is
+every request answered and every prepared message decided by DTM (``succeed`` or ``failed``).
+The books it closes with:
 
 - every credit row is a ``residue_effect`` (``dtm_credits`` is the effect table): two for one
   operation is ``duplicate-effect``; a credit without a committed debit is ``orphan-effect``;
@@ -25,7 +25,7 @@ import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.compute as pc
 
@@ -37,7 +37,8 @@ from harness.ledger.schema import Kind
 from harness.patterns.dtm_transfer import gid_of, money
 from harness.poll import poll_until
 from harness.run.core.books import Book, EffectTable
-from harness.run.core.session import RunSession
+from harness.run.core.parts import worker_spec
+from harness.run.core.roles import Plain, SessionView
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
 from harness.run.spec.scenario import ScenarioSpec
@@ -78,103 +79,73 @@ class DtmHolds:
         return cls(frozenset(numbers), float(hold), float(busy))
 
 
-class DtmRunSession(RunSession):
-    """One DTM run, driven step by step.
+class DtmService:
+    """The topology of a DTM run: the service and its helpers on ports of their own, DTM asked by gid.
 
-    >>> with RunSession(spec, endpoints) as run:
-    ...     run.arm(Crash("after_local_commit", op_index=2))
-    ...     run.submit(5)
-    ...     result = run.close()
+    What the parts share lives here: the requests in flight and their answers, the messages DTM
+    had not decided at quiescence, and the money debited and credited when the books closed.
     """
 
-    def _setup(self) -> None:
+    late_workers: ClassVar[bool] = False
+
+    def __init__(self, session: SessionView) -> None:
         # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's
         # loopback (the docker provider with host networking, docs/docker.md).
-        assert self.endpoints.dtm is not None  # _check refused a stack without DTM
+        self.session = session
+        dtm = session.endpoints.dtm
+        assert dtm is not None  # check() refused a stack without DTM
+        self.group = f"{session.ns}.group"
         self.service_port = free_ports(1).pop()
         self.tag = secrets.token_hex(4)
-        self.dtm = DtmClient(self.endpoints.dtm.host, self.endpoints.dtm.port, timeout=3.0)
-        self._requests = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtm-driver")
-        self._answers: dict[str, Future[str]] = {}
-        self._undecided: dict[str, str] = {}
+        self.dtm = DtmClient(dtm.host, dtm.port, timeout=3.0)
+        self.requests = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dtm-driver")
+        self.answers: dict[str, Future[str]] = {}
+        self.undecided: dict[str, str] = {}
         # (debited, credited) when the books closed: what conservation of money is checked on.
         self.closing_money: tuple[int, int] | None = None
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _check(self, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
         if endpoints.dtm is None:
             raise ConfigError("this stack has no DTM server", hint="start a new stack: `txchaos down && txchaos up`")
 
-    def _announce_workers(self) -> None:
-        spec, folder = self.spec, self.folder
+    def provision(self) -> None:
+        return None
+
+    def announce(self) -> None:
+        spec, folder = self.session.spec, self.session.folder
         checkback = spec.options.get("checkback", "barrier")
         folder.step(f"start {SERVICE} ({spec.handler}, check-back {checkback}) on port {self.service_port}")
         for helper in spec.helpers:
-            port = self.helper_ports[helper.name]
+            port = self.session.helper_ports[helper.name]
             folder.step(f"start {helper.name} ({helper.handler}, {helper.options}) on port {port}")
 
-    def _release(self) -> None:
-        self._requests.shutdown(wait=False, cancel_futures=True)
+    def worker_specs(self) -> list[WorkerSpec]:
+        s = self.session
+        spec = s.spec
+        urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in s.helper_ports.items()}
 
-    def _await_quiescence(self, pool: WorkerPool) -> None:
-        self._await_decided(pool)
+        def process(name: str, handler: str, options: dict[str, object]) -> WorkerSpec:
+            return worker_spec(
+                s.folder.path,
+                name,
+                handler,
+                input_queue=f"dtm:{name}",
+                output_queue=None,
+                options=options,
+                kind="process",
+            )
 
-    def books(self) -> tuple[Book, ...]:
-        return (EffectTable(self.ledger, self.folder, "dtm_credits"), DtmDecisions(self))
+        service_opts = {**urls, **spec.options, "port": self.service_port, "gid_tag": self.tag}
+        out = [process(SERVICE, spec.handler, service_opts)]
+        out += [process(h.name, h.handler, {**h.options, "port": s.helper_ports[h.name]}) for h in spec.helpers]
+        return out
 
-    def _alone(self) -> set[int]:
-        # A killed process takes every request in flight with it, and the scenario's expectation
-        # is about the one operation a crash arm or a held commit names: it runs alone.
-        return {c.op_index for c in self.spec.crashes if c.op_index is not None} | self.spec.settings_as(DtmHolds).slow
+    def effect_tables(self) -> tuple[tuple[str, str], ...]:
+        return (("dtm_credits", "op_id"),)
 
-    def wait_idle(self) -> None:
-        self.wait_decided()
-
-    # -- acting while the flow runs ------------------------------------------------------------
-    def _submit(self, count: int, *, poison: bool = False, hold_s: float | None = None) -> list[str]:
-        """Ask the service for ``count`` transfers (answers come in the background); return their ids.
-
-        ``hold_s`` keeps each one's local transaction open until DTM checks it back, that long at
-        most (else the spec's ``options["slow_commits"]`` numbers are held ``options["hold_s"]``).
-        """
-        if poison:
-            raise ConfigError("a DTM transfer has no poison form", hint="submit plain transfers")
-        holds = self.spec.settings_as(DtmHolds)
-        slow, default_hold, busy = holds.slow, holds.hold_s, holds.local_tx_s
-        new = self._mint(count)
-        held = 0.0
-        for op in new:
-            n = len(self.ops)
-            hold = hold_s if hold_s is not None else default_hold if n in slow else busy
-            held = max(held, hold)
-            body = {"op": op, "n": n, "amount": 1 + n % 7, "hold_s": hold}
-            self.ops.append(op)
-            self._answers[op] = self._requests.submit(self._request, op, body)
-        self.folder.step(f"submit {count} transfer(s)" + (f", local transaction held {held}s" if held else ""))
-        self.progress(f"submitted {len(self.ops)} transfers")
-        return new
-
-    def _request(self, op: str, body: dict[str, object]) -> str:
-        """POST one transfer to the service; return its answer (a failure is an answer too)."""
-        deadline = time.monotonic() + CONNECT_FOR_S
-        while True:
-            conn = http.client.HTTPConnection("127.0.0.1", self.service_port, timeout=REQUEST_S)
-            try:
-                conn.request("POST", "/transfer", body=json.dumps(body), headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                answer = json.loads(resp.read() or b"{}")
-                return f"{resp.status} {answer.get('result', '')}".strip()
-            except ConnectionRefusedError:  # the request never left: the service is restarting
-                if time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-                self.ledger.emit(Kind.ERROR, op=op, dest="transfer", error="service refused connections")
-                return "refused"
-            except (OSError, http.client.HTTPException, ValueError) as exc:  # sent: the service died or timed out
-                self.ledger.emit(Kind.ERROR, op=op, dest="transfer", error=repr(exc))
-                return f"no answer: {exc!r}"
-            finally:
-                conn.close()
+    def release(self) -> None:
+        self.requests.shutdown(wait=False, cancel_futures=True)
 
     def gid(self, op: str) -> str:
         """Return the DTM gid of operation ``op`` in this run."""
@@ -182,22 +153,7 @@ class DtmRunSession(RunSession):
 
     def money(self) -> tuple[int, int]:
         """Return (debited, credited): the sums of the committed debits and credits now."""
-        return money(self.engine("money"))
-
-    # -- phases --------------------------------------------------------------------------------
-    def _worker_specs(self) -> list[WorkerSpec]:
-        spec = self.spec
-        urls = {f"{name}_url": f"http://127.0.0.1:{port}" for name, port in self.helper_ports.items()}
-
-        def process(name: str, handler: str, options: dict[str, object]) -> WorkerSpec:
-            return self._worker(
-                name, handler, input_queue=f"dtm:{name}", output_queue=None, options=options, kind="process"
-            )
-
-        service_opts = {**urls, **spec.options, "port": self.service_port, "gid_tag": self.tag}
-        out = [process(SERVICE, spec.handler, service_opts)]
-        out += [process(h.name, h.handler, {**h.options, "port": self.helper_ports[h.name]}) for h in spec.helpers]
-        return out
+        return money(self.session.engine("money"))
 
     def wait_decided(self, timeout_s: float | None = None) -> dict[str, str]:
         """Wait until every request is answered and DTM has decided every message so far.
@@ -205,13 +161,14 @@ class DtmRunSession(RunSession):
         Returns the undecided operations and their DTM status (empty when all are decided)
         after ``timeout_s`` (default: the spec's timeout).
         """
-        deadline = time.monotonic() + (self.spec.timeout_s if timeout_s is None else timeout_s)
-        for future in list(self._answers.values()):
+        s = self.session
+        deadline = time.monotonic() + (s.spec.timeout_s if timeout_s is None else timeout_s)
+        for future in list(self.answers.values()):
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 break
-        pending = dict.fromkeys(self.ops, "unknown")
+        pending = dict.fromkeys(s.ops, "unknown")
 
         def decided() -> bool:
             for op in sorted(pending):
@@ -230,18 +187,96 @@ class DtmRunSession(RunSession):
             decided,
             deadline=deadline,
             every_s=0.2,
-            report=lambda waited: self.progress(f"{len(pending)} transfer(s) undecided by DTM after {waited:.0f}s"),
+            report=lambda waited: s.progress(f"{len(pending)} transfer(s) undecided by DTM after {waited:.0f}s"),
         )
         return pending
 
-    def _await_decided(self, pool: WorkerPool) -> None:
-        deadline = time.monotonic() + self.spec.timeout_s
-        self._undecided = self.wait_decided()
+
+class Transfers(Plain):
+    """Operations that are transfers: each a POST to the service, answered in the background."""
+
+    def __init__(self, session: SessionView, place: DtmService) -> None:
+        self.session, self.place = session, place
+
+    def submit(self, count: int, *, poison: bool = False, hold_s: float | None = None, **extra: Any) -> list[str]:
+        """Ask the service for ``count`` transfers (answers come in the background); return their ids.
+
+        ``hold_s`` keeps each one's local transaction open until DTM checks it back, that long at
+        most (else the spec's ``options["slow_commits"]`` numbers are held ``options["hold_s"]``).
+        """
+        if poison:
+            raise ConfigError("a DTM transfer has no poison form", hint="submit plain transfers")
+        if extra:
+            raise ConfigError(f"a DTM transfer has no option {sorted(extra)}", hint="give hold_s= or nothing")
+        s = self.session
+        holds = s.spec.settings_as(DtmHolds)
+        slow, default_hold, busy = holds.slow, holds.hold_s, holds.local_tx_s
+        new = s.mint(count)
+        held = 0.0
+        for op in new:
+            n = len(s.ops)
+            hold = hold_s if hold_s is not None else default_hold if n in slow else busy
+            held = max(held, hold)
+            body = {"op": op, "n": n, "amount": 1 + n % 7, "hold_s": hold}
+            s.ops.append(op)
+            self.place.answers[op] = self.place.requests.submit(self._request, op, body)
+        s.folder.step(f"submit {count} transfer(s)" + (f", local transaction held {held}s" if held else ""))
+        s.progress(f"submitted {len(s.ops)} transfers")
+        return new
+
+    def _request(self, op: str, body: dict[str, object]) -> str:
+        """POST one transfer to the service; return its answer (a failure is an answer too)."""
+        ledger, port = self.session.ledger, self.place.service_port
+        deadline = time.monotonic() + CONNECT_FOR_S
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_S)
+            try:
+                conn.request("POST", "/transfer", body=json.dumps(body), headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                answer = json.loads(resp.read() or b"{}")
+                return f"{resp.status} {answer.get('result', '')}".strip()
+            except ConnectionRefusedError:  # the request never left: the service is restarting
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                ledger.emit(Kind.ERROR, op=op, dest="transfer", error="service refused connections")
+                return "refused"
+            except (OSError, http.client.HTTPException, ValueError) as exc:  # sent: the service died or timed out
+                ledger.emit(Kind.ERROR, op=op, dest="transfer", error=repr(exc))
+                return f"no answer: {exc!r}"
+            finally:
+                conn.close()
+
+    def alone(self) -> set[int]:
+        # A killed process takes every request in flight with it, and the scenario's expectation
+        # is about the one operation a crash arm or a held commit names: it runs alone.
+        spec = self.session.spec
+        return {c.op_index for c in spec.crashes if c.op_index is not None} | spec.settings_as(DtmHolds).slow
+
+    def wait_idle(self) -> None:
+        self.place.wait_decided()
+
+
+class Decided:
+    """Quiet when every request is answered and DTM decided every message (or the timeout)."""
+
+    def __init__(self, session: SessionView, place: DtmService) -> None:
+        self.session, self.place = session, place
+
+    def wait(self, pool: WorkerPool) -> None:
+        s, place = self.session, self.place
+        deadline = time.monotonic() + s.spec.timeout_s
+        place.undecided = place.wait_decided()
         pool.wait_serving(deadline)
-        decided = len(self.ops) - len(self._undecided)
-        self._quiescent(lambda: decided, "decided by DTM", pool)  # a branch retry already sent lands first
-        if self._undecided:
-            self.progress(f"timeout: {len(self._undecided)} message(s) DTM has not decided")
+        decided = len(s.ops) - len(place.undecided)
+        s.quiescent(lambda: decided, "decided by DTM", pool)  # a branch retry already sent lands first
+        if place.undecided:
+            s.progress(f"timeout: {len(place.undecided)} message(s) DTM has not decided")
+
+
+def dtm_books(session: SessionView, place: DtmService) -> tuple[Book, ...]:
+    """The credits (the effect table), then the transfers' own books."""
+    return (EffectTable(session.ledger, session.folder, "dtm_credits"), DtmDecisions(session, place))
 
 
 class DtmDecisions:
@@ -249,19 +284,19 @@ class DtmDecisions:
     here), each credit a ``residue_effect``, each message DTM has not decided a ``residue_queue``;
     money debited and credited kept on the session for conservation."""
 
-    def __init__(self, session: DtmRunSession) -> None:
-        self.session = session
+    def __init__(self, session: SessionView, place: DtmService) -> None:
+        self.session, self.place = session, place
 
     def close(self, engine: db.Engine) -> None:
-        s = self.session
-        for op, status in sorted(s._undecided.items()):
-            s.ledger.emit(Kind.RESIDUE_QUEUE, op=op, msg=s.gid(op), dest="dtm", status=status)
+        s, place = self.session, self.place
+        for op, status in sorted(place.undecided.items()):
+            s.ledger.emit(Kind.RESIDUE_QUEUE, op=op, msg=place.gid(op), dest="dtm", status=status)
         events = read_segments(s.folder.path / "ledger")
         recorded = set(events.filter(pc.equal(events["kind"], str(Kind.SUBMIT)))["op"].to_pylist())
         for op in sorted(set(db.column_values(engine, "dtm_debits", "op_id")) - recorded):
             # The service never learnt this debit committed (an error on COMMIT's answer).
-            s.ledger.emit(Kind.SUBMIT, op=op, msg=s.gid(op), dest="dtm", by="snapshot")
-        debited, credited = s.closing_money = money(engine)
+            s.ledger.emit(Kind.SUBMIT, op=op, msg=place.gid(op), dest="dtm", by="snapshot")
+        debited, credited = place.closing_money = money(engine)
         s.folder.step(f"snapshot dtm_credits and dtm_debits: debited {debited}, credited {credited}")
 
 
@@ -270,7 +305,10 @@ FLOW = register(
         "dtm",
         "http",
         "a 2-phase message transfer: a service and its branch over DTM",
-        session=DtmRunSession,
+        topology=DtmService,
+        workload=Transfers,
+        quiescence=Decided,
+        books=dtm_books,
         accepts=frozenset({"helpers"}),
         refusal="the DTM run has one service and its helpers (the branch): leave those out",
         parse=DtmHolds.from_options,

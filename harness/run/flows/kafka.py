@@ -1,10 +1,11 @@
-"""Run one Kafka consumer-group stage: the ``kafka`` flow's session.
+"""Run one Kafka consumer-group stage: the ``kafka`` flow's parts.
 
-``KafkaRunSession`` supplies ``RunSession``'s hooks for per-run topics ``<ns>.in``, ``<ns>.out``
-and ``<ns>.in-dlt`` (``KafkaTopics``) and a consumer group of worker processes. Operations are
-records keyed by their id. Quiescence is every operation out, or the group committed all input
-and the sink read its topics to their end since; the residue is every input record past the
-group's committed offsets: what the group would still have to process.
+``Topics`` is the topology: per-run topics ``<ns>.in``, ``<ns>.out`` and ``<ns>.in-dlt``
+(``KafkaTopics``) and a consumer group of worker processes. Operations are records keyed by
+their id (the ``Messages`` workload). ``GroupCommitted`` is how the ``AllOut`` quiescence settles:
+every operation out, or the group committed all input and the sink read its topics to their end
+since; the residue is every input record past the group's committed offsets: what the group would
+still have to process (``topic_books``).
 
 ``drive`` submits the operations before the first fault window before the workers join
 (``late_workers``), as a consumer catching up on a backlog: the polled batches are then the
@@ -16,65 +17,67 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.clients import kafka
 from harness.poll import poll_until
-from harness.run.core.books import Book
-from harness.run.core.sink_session import SinkSession
+from harness.run.core.books import Book, EffectTable
+from harness.run.core.parts import worker_spec
+from harness.run.core.roles import SessionView
+from harness.run.core.sink_parts import Messages, SinkStopped, all_out, release_sink
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, register
+from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.kafka import KafkaTransport
 from harness.run.transports.kafka_sink import GroupBacklog, KafkaSink
+from harness.stack.base import Endpoints
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
 COMMITTED_POLL_S = 0.25  # how often quiescence asks the coordinator for the group's offsets
 
 
-class KafkaRunSession(SinkSession[KafkaSink]):
-    """One Kafka run, driven step by step (build it as ``RunSession(spec, endpoints)``).
+class Topics:
+    """The topology of one consumer-group stage: its input, output and dead-letter topics and its group."""
 
-    >>> with RunSession(spec, endpoints) as run:
-    ...     run.submit(20)
-    ...     run.arm(Crash("before_offset_commit", op_index=7))
-    ...     result = run.close()
-    """
+    late_workers: ClassVar[bool] = True
 
-    late_workers = True
-    transport: KafkaTransport
-
-    def _setup(self) -> None:
-        self.opts = self.spec.settings_as(KafkaStageOptions)
-        self.bootstrap = self.endpoints.kafka.address
-        self.input_topic, self.output_topic = f"{self.ns}.in", f"{self.ns}.out"
+    def __init__(self, session: SessionView) -> None:
+        self.session = session
+        self.opts = session.spec.settings_as(KafkaStageOptions)
+        self.bootstrap = session.endpoints.kafka.address
+        ns = session.ns
+        self.input_topic, self.output_topic = f"{ns}.in", f"{ns}.out"
         self.input_dest = self.input_topic
         self.dlt = kafka.dlt_name(self.input_topic)
-        self.group = f"{self.ns}.group"
-        self.transport = KafkaTransport(self.bootstrap, self.folder, partitions=self.opts.partitions)
+        self.group = f"{ns}.group"
+        self.transport = KafkaTransport(self.bootstrap, session.folder, partitions=self.opts.partitions)
+        self.sink: KafkaSink | None = None
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _provision(self) -> None:
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        return None
+
+    def provision(self) -> None:
         self.transport.create([self.input_topic, self.output_topic, self.dlt])
-        output = self.output_topic if self.spec.contract.expects_downstream else None
-        self._sink = KafkaSink(self.bootstrap, self.ledger, input_topic=self.input_topic, output_topic=output)
-        self._sink.start()
+        output = self.output_topic if self.session.spec.contract.expects_downstream else None
+        self.sink = KafkaSink(self.bootstrap, self.session.ledger, input_topic=self.input_topic, output_topic=output)
+        self.sink.start()
 
-    def _announce_workers(self) -> None:
-        o = self.opts
-        self.folder.step(
-            f"start {self.spec.workers} worker(s) running {self.spec.handler} in group {self.group} on "
+    def announce(self) -> None:
+        o, spec = self.opts, self.session.spec
+        self.session.folder.step(
+            f"start {spec.workers} worker(s) running {spec.handler} in group {self.group} on "
             f"{self.input_topic}: batch {o.batch_size}, offset store {o.offset_store}, commit {o.commit}, "
             f"db tx per {o.db_tx}"
         )
 
-    # -- acting while the flow runs ------------------------------------------------------------
-    # -- phases --------------------------------------------------------------------------------
-    def _worker_specs(self) -> list[WorkerSpec]:
-        spec = self.spec
+    def worker_specs(self) -> list[WorkerSpec]:
+        spec = self.session.spec
         output = self.output_topic if spec.contract.expects_downstream else None
         return [
-            self._worker(
+            worker_spec(
+                self.session.folder.path,
                 f"worker-{i}",
                 spec.handler,
                 stage=spec.name,
@@ -90,18 +93,33 @@ class KafkaRunSession(SinkSession[KafkaSink]):
         """Return True when the group has committed every input record (nothing left to process)."""
         return not kafka.backlog(self.bootstrap, self.group, self.input_topic)
 
-    def _all_out(self, pool: WorkerPool, deadline: float) -> None:
-        pool.wait_serving(deadline)  # a replaced consumer may still get records back
-        self._await_committed(deadline)
+    def effect_tables(self) -> tuple[tuple[str, str], ...]:
+        return ((self.session.spec.effect_table, self.session.spec.effect_column),)
 
-    def _nothing_more(self, sink: KafkaSink, pool: WorkerPool) -> Callable[[int, int], bool]:
+    def release(self) -> None:
+        release_sink(self)
+
+
+class GroupCommitted:
+    """How quiescence settles on a consumer group: the group committed all input, the sink caught up."""
+
+    def __init__(self, session: SessionView, place: Topics) -> None:
+        self.session, self.place = session, place
+
+    def all_out(self, pool: WorkerPool, deadline: float) -> None:
+        pool.wait_serving(deadline)  # a replaced consumer may still get records back
+        # A worker killed after its output but before its offset commit gets the records back,
+        # and its skip commits them.
+        poll_until(self.place.consumed, deadline=deadline, every_s=COMMITTED_POLL_S)
+
+    def nothing_more(self, sink: KafkaSink, pool: WorkerPool) -> Callable[[int, int], bool]:
         """Return the probe: the group has committed all input, the sink has read its topics to
         their end since, and nothing came out for ``settle_s`` (a lost operation never comes out).
 
         The quiet time counts from when the commit was first seen: with the auto offset store a
         commit covers records whose output is still to come.
         """
-        settle = max(self.spec.settle_s, COMMITTED_POLL_S)
+        settle = max(self.session.spec.settle_s, COMMITTED_POLL_S)
         next_check = 0.0
         consumed_at: float | None = None
 
@@ -110,7 +128,7 @@ class KafkaRunSession(SinkSession[KafkaSink]):
             now = time.monotonic()
             if consumed_at is None and now >= next_check:
                 next_check = now + COMMITTED_POLL_S
-                if self.consumed():
+                if self.place.consumed():
                     consumed_at = time.monotonic()  # the outputs were flushed before this commit
             # Every output written before the commit must have been read, or an operation still on
             # its way (a dead letter the sink has not fetched yet) would be reported lost.
@@ -121,29 +139,35 @@ class KafkaRunSession(SinkSession[KafkaSink]):
                 and sink.caught_up_since(consumed_at)
                 and pool.serving()
             ):
-                self.progress(f"input consumed and committed; {missing} operation(s) never came out")
+                self.session.progress(f"input consumed and committed; {missing} operation(s) never came out")
                 return True
             return False
 
         return probe
 
-    def _await_committed(self, deadline: float) -> None:
-        """Wait (bounded) until the group committed all input: a worker killed after its output
-        but before its offset commit gets the records back, and its skip commits them."""
-        poll_until(self.consumed, deadline=deadline, every_s=COMMITTED_POLL_S)
-
-    def _residue(self) -> Book:
-        return GroupBacklog(self.bootstrap, self.group, self.input_topic, self.ledger, self.folder)
+    def after_out(self, deadline: float) -> None:
+        return None
 
 
-def kafka_flow(name: str, session: type[Any], summary: str, **kw: Any) -> Flow:
+def group_residue(session: SessionView, place: Topics) -> Book:
+    """Return the book of the input records past the group's committed offsets."""
+    return GroupBacklog(place.bootstrap, place.group, place.input_topic, session.ledger, session.folder)
+
+
+def topic_books(session: SessionView, place: Topics) -> tuple[Book, ...]:
+    """The group's backlog, the sink's last reads, then the effect table."""
+    spec = session.spec
+    effects = EffectTable(session.ledger, session.folder, spec.effect_table, spec.effect_column)
+    return (group_residue(session, place), SinkStopped(place), effects)
+
+
+def kafka_flow(name: str, summary: str, **kw: Any) -> Flow:
     """Return a flow of Kafka stages: their crash points and actions; no chain, helpers or outbox."""
     kw.setdefault("parse", KafkaStageOptions.from_options)
     return Flow(
         name,
         "kafka",
         summary,
-        session=session,
         points=KAFKA_POINTS,
         actions=KAFKA_ACTIONS,
         accepts=frozenset({"poison", "workers"}),
@@ -153,4 +177,13 @@ def kafka_flow(name: str, session: type[Any], summary: str, **kw: Any) -> Flow:
     )
 
 
-FLOW = register(kafka_flow("kafka", KafkaRunSession, "one consumer-group stage on topics"))
+FLOW = register(
+    kafka_flow(
+        "kafka",
+        "one consumer-group stage on topics",
+        topology=Topics,
+        workload=Messages,
+        quiescence=all_out(GroupCommitted),
+        books=topic_books,
+    )
+)

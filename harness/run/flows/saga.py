@@ -1,11 +1,11 @@
 """Run one Kafka saga scenario: an orchestrator and two participants as worker processes, a verdict.
 
-``SagaRunSession`` is ``RunSession`` with three Kafka stages in place of one queue: ``open``
-(schema and tables, the run's topics ``<ns>.saga`` (the orchestrator's inbox: starts and
-replies), ``<ns>.payment`` and ``<ns>.seat`` (requests) and their ``-dlt`` topics, the
-``orchestrator``, ``payment`` and ``seat`` processes) -> ``arm`` / ``submit`` / ``hold_fault``
--> ``close``. Quiescence is every saga in a final state (``completed`` or ``compensated``), or
-no saga moving while the participants have committed all their requests.
+The ``kafka_saga`` flow's parts put three Kafka stages in place of one queue: the topology
+(``SagaTopics``) is the run's topics ``<ns>.saga`` (the orchestrator's inbox: starts and
+replies), ``<ns>.payment`` and ``<ns>.seat`` (requests) and their ``-dlt`` topics, and the
+``orchestrator``, ``payment`` and ``seat`` processes; an operation is a saga the driver starts
+(``SagaStarts``). Quiescence (``SagasFinal``) is every saga in a final state (``completed`` or
+``compensated``), or no saga moving while the participants have committed all their requests.
 
 How the books close into the ledger (contract: no downstream, no poison rule), so the checker
 names saga anomalies with saga and step ids:
@@ -20,7 +20,7 @@ names saga anomalies with saga and step ids:
   ``dead_letter`` (with its effect applied: ``dead-lettered-with-effect``).
 
 The lifecycle (arms, faults, the driver loop, the verdict and healing) is ``RunSession``'s; a
-saga a crash names starts alone (``_alone``), the sagas before it final.
+saga a crash names starts alone (``SagaStarts.alone``), the sagas before it final.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import text
 
@@ -39,12 +39,14 @@ from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
 from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT, SagaOptions, first_step_of, step_op
 from harness.poll import deadline_in, poll_until
 from harness.run.core.books import Book
-from harness.run.core.session import RunSession
+from harness.run.core.parts import worker_spec
+from harness.run.core.roles import Plain, SessionView
 from harness.run.flows.kafka import kafka_flow
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import register
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.transports.kafka import KafkaTransport
+from harness.stack.base import Endpoints
 from harness.worker.kafka_options import KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
@@ -56,114 +58,66 @@ PARTICIPANT_HANDLERS = {
 STALL_S = 1.5  # no saga moved this long, participants caught up: the rest are stuck
 POLL_S = 0.05
 IDLE_READ_S = 1.0  # how long a probe waits for a record the orchestrator has still to handle
-MARKER_GRACE_S = 0.3  # a dead-letter partition read up to one before its end: the end is a marker
 
 
-class SagaRunSession(RunSession):
-    """One saga run, driven step by step (build it as ``RunSession(spec, endpoints)``).
+class SagaTopics:
+    """The topology of a saga run: the orchestrator's inbox, the participants' request topics, their groups."""
 
-    >>> with RunSession(spec, endpoints) as run:
-    ...     run.arm(Crash("after_db_commit", op_index=2, worker="payment"))
-    ...     run.submit(5)
-    ...     result = run.close()
-    """
+    late_workers: ClassVar[bool] = False
 
-    def _setup(self) -> None:
-        settings = self.spec.settings_as(SagaSettings)
+    def __init__(self, session: SessionView) -> None:
+        self.session = session
+        settings = session.spec.settings_as(SagaSettings)
         self.saga, self.kopts = settings.saga, settings.kafka
-        self.bootstrap = self.endpoints.kafka.address
-        ns = self.ns
+        self.bootstrap = session.endpoints.kafka.address
+        ns = session.ns
+        self.group = f"{ns}.group"
         self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
         self.groups = {p: f"{ns}.{p}" for p in (ORCHESTRATOR, PAYMENT, SEAT)}
         self.requests = {PAYMENT: self.payment_topic, SEAT: self.seat_topic}
-        self.transport = KafkaTransport(self.bootstrap, self.folder, partitions=self.kopts.partitions)
-        self.refused: set[str] = set()
-        self.flaky: set[str] = set()
+        self.transport = KafkaTransport(self.bootstrap, session.folder, partitions=self.kopts.partitions)
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _provision(self) -> None:
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        return None
+
+    def provision(self) -> None:
         base = [self.inbox, self.payment_topic, self.seat_topic]
         self.transport.create([*base, *(kafka.dlt_name(t) for t in base)])
 
-    def _announce_workers(self) -> None:
+    def announce(self) -> None:
         s = self.saga
-        self.folder.step(
+        self.session.folder.step(
             f"start orchestrator (dead-letter replies: {s.dlt_replies}, re-send: {s.resend}), payment and seat "
             f"(participant {s.participant}, reply {s.reply})"
         )
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.transport.release()
 
-    def _alone(self) -> set[int]:
-        # A saga a crash names starts alone, the flow quiet before and after it: the scenario's
-        # expectation is about that saga.
-        return {c.op_index for c in self.spec.crashes if c.op_index is not None}
-
-    def wait_idle(self) -> None:
-        self.wait_final()
-
-    # -- acting while the flow runs ------------------------------------------------------------
-    def _submit(self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0) -> list[str]:
-        """Start ``count`` sagas; return their ids.
-
-        ``refuse``: the seat participant refuses their seat (a semantic error: compensated).
-        ``fail_times``: their seat request fails that often with a transient error first (more
-        than the participants' ``max_attempts``: it is dead-lettered). Without either, the
-        spec's ``refuse_seat`` / ``flaky_seat`` numbers say.
-        """
-        if poison:
-            raise ConfigError("a saga start has no poison form", hint="submit(refuse=True) or fail_times=")
-        self.transport.producer()  # refuses a run that is not open
-        new = self._mint(count)
-        for op in new:
-            n = len(self.ops)
-            no = refuse or n in self.saga.refuse_seat
-            fails = fail_times or (self.saga.fail_times if n in self.saga.flaky_seat else 0)
-            body = {"type": "start", "op": op, "n": n, "amount": 1 + n % 7, "refuse": "seat" if no else None}
-            body["fail_times"] = fails
-            if no:
-                self.refused.add(op)
-            if fails:
-                self.flaky.add(op)
-            self.ledger.emit(Kind.SUBMIT, op=op, dest=self.inbox, refuse=body["refuse"], fail_times=fails)
-            self.transport.send(self.inbox, json.dumps(body), key=op, headers={"txchaos-op": op})
-            self.ops.append(op)
-        self.transport.flush()
-        self.folder.step(
-            f"start {count} saga(s)"
-            + (", seat refused" if refuse else "")
-            + (f", seat fails {fail_times}x" if fail_times else "")
-        )
-        self.progress(f"started {len(self.ops)} sagas")
-        return new
-
-    def _arm_op(self, crash: Crash) -> str | None:
-        """Return the operation ``crash`` names: ``op_index`` is a saga, whose step in the crash's process is armed."""
-        if crash.op_index is None:
-            return None
-        saga = self.op_id(crash.op_index)
-        step = first_step_of(crash.worker or ORCHESTRATOR)
-        return step_op(saga, step) if step else saga
+    def effect_tables(self) -> tuple[tuple[str, str], ...]:
+        return tuple((table, "op_id") for table in sorted(set(EFFECT_TABLES.values())))
 
     def states(self) -> dict[str, str]:
         """Return saga id -> state, now."""
-        with self.engine("states").connect() as conn:
+        with self.session.engine("states").connect() as conn:
             return {str(s): str(st) for s, st in conn.execute(text("SELECT saga_id, state FROM sagas"))}
 
-    def duplicate_effects(self) -> list[str]:
-        """Return the step operations applied more than once right now."""
-        engine = self.engine("duplicate_effects")
-        return sorted({op for t in set(EFFECT_TABLES.values()) for op in db.duplicated_values(engine, t, "op_id")})
-
-    # -- phases --------------------------------------------------------------------------------
-    def _worker_specs(self) -> list[WorkerSpec]:
-        spec, s = self.spec, self.saga
+    def worker_specs(self) -> list[WorkerSpec]:
+        spec, s = self.session.spec, self.saga
         common = {k: v for k, v in spec.options.items() if k != "commit"}
 
         def stage(name: str, handler: str, topic: str, output: str | None, **options: object) -> WorkerSpec:
             opts = {**common, "group": self.groups[name], **options}
-            return self._worker(name, handler, input_queue=topic, output_queue=output, options=opts, kind="kafka")
+            return worker_spec(
+                self.session.folder.path,
+                name,
+                handler,
+                input_queue=topic,
+                output_queue=output,
+                options=opts,
+                kind="kafka",
+            )
 
         dlts = [kafka.dlt_name(self.payment_topic), kafka.dlt_name(self.seat_topic)] if s.dlt_replies else []
         participant = PARTICIPANT_HANDLERS[s.participant]
@@ -219,6 +173,7 @@ class SagaRunSession(RunSession):
     def wait_final(self, timeout_s: float | None = None) -> dict[str, str]:
         """Wait until every saga so far is final, or none moved for ``STALL_S`` with every
         process caught up, or ``timeout_s``; return the sagas not final and their state."""
+        s = self.session
         last: dict[str, str] | None = None
         moved = time.monotonic()
         pending: dict[str, str] = {}
@@ -226,7 +181,7 @@ class SagaRunSession(RunSession):
         def final_or_stalled() -> bool:
             nonlocal last, moved, pending
             states = self.states()
-            pending = {op: states.get(op, "not started") for op in self.ops if not is_final(states.get(op))}
+            pending = {op: states.get(op, "not started") for op in s.ops if not is_final(states.get(op))}
             if not pending:
                 return True
             if states != last:
@@ -234,65 +189,106 @@ class SagaRunSession(RunSession):
                 return False
             return (
                 time.monotonic() - moved >= STALL_S
-                and (self._pool is None or self._pool.serving())
+                and (s.pool is None or s.pool.serving())
                 and self.caught_up()
                 and self.orchestrator_idle()
             )
 
         poll_until(
             final_or_stalled,
-            deadline=deadline_in(self.spec.timeout_s if timeout_s is None else timeout_s),
+            deadline=deadline_in(s.spec.timeout_s if timeout_s is None else timeout_s),
             every_s=POLL_S,
-            report=lambda waited: self.progress(f"{len(pending)} saga(s) not final after {waited:.0f}s"),
+            report=lambda waited: s.progress(f"{len(pending)} saga(s) not final after {waited:.0f}s"),
         )
         return pending
 
-    def _await_quiescence(self, pool: WorkerPool) -> None:
-        deadline = time.monotonic() + self.spec.timeout_s
-        pending = self.wait_final()
+
+class SagaStarts(Plain):
+    """Operations that are sagas: each a start in the orchestrator's inbox; a crash arms a saga's step."""
+
+    def __init__(self, session: SessionView, place: SagaTopics) -> None:
+        self.session, self.place = session, place
+        self.refused: set[str] = set()
+        self.flaky: set[str] = set()
+
+    def alone(self) -> set[int]:
+        # A saga a crash names starts alone, the flow quiet before and after it: the scenario's
+        # expectation is about that saga.
+        return {c.op_index for c in self.session.spec.crashes if c.op_index is not None}
+
+    def wait_idle(self) -> None:
+        self.place.wait_final()
+
+    def submit(
+        self, count: int, *, poison: bool = False, refuse: bool = False, fail_times: int = 0, **extra: Any
+    ) -> list[str]:
+        """Start ``count`` sagas; return their ids.
+
+        ``refuse``: the seat participant refuses their seat (a semantic error: compensated).
+        ``fail_times``: their seat request fails that often with a transient error first (more
+        than the participants' ``max_attempts``: it is dead-lettered). Without either, the
+        spec's ``refuse_seat`` / ``flaky_seat`` numbers say.
+        """
+        if poison:
+            raise ConfigError("a saga start has no poison form", hint="submit(refuse=True) or fail_times=")
+        if extra:
+            raise ConfigError(f"a saga start has no option {sorted(extra)}", hint="give refuse= or fail_times=")
+        s, place = self.session, self.place
+        saga = place.saga
+        new = s.mint(count)
+        for op in new:
+            n = len(s.ops)
+            no = refuse or n in saga.refuse_seat
+            fails = fail_times or (saga.fail_times if n in saga.flaky_seat else 0)
+            body = {"type": "start", "op": op, "n": n, "amount": 1 + n % 7, "refuse": "seat" if no else None}
+            body["fail_times"] = fails
+            if no:
+                self.refused.add(op)
+            if fails:
+                self.flaky.add(op)
+            s.ledger.emit(Kind.SUBMIT, op=op, dest=place.inbox, refuse=body["refuse"], fail_times=fails)
+            place.transport.send(place.inbox, json.dumps(body), key=op, headers={"txchaos-op": op})
+            s.ops.append(op)
+        place.transport.flush()
+        s.folder.step(
+            f"start {count} saga(s)"
+            + (", seat refused" if refuse else "")
+            + (f", seat fails {fail_times}x" if fail_times else "")
+        )
+        s.progress(f"started {len(s.ops)} sagas")
+        return new
+
+    def arm_op(self, crash: Crash) -> str | None:
+        """Return the operation ``crash`` names: ``op_index`` is a saga, whose step in the crash's process is armed."""
+        if crash.op_index is None:
+            return None
+        saga = self.session.op_id(crash.op_index)
+        step = first_step_of(crash.worker or ORCHESTRATOR)
+        return step_op(saga, step) if step else saga
+
+
+class SagasFinal:
+    """Quiet when every saga is final (or none moves, every process caught up); then redeliveries settle."""
+
+    def __init__(self, session: SessionView, place: SagaTopics) -> None:
+        self.session, self.place = session, place
+
+    def wait(self, pool: WorkerPool) -> None:
+        s, place = self.session, self.place
+        deadline = time.monotonic() + s.spec.timeout_s
+        pending = place.wait_final()
         # A participant killed after its reply and before its offset commit gets the request
         # back once restarted: let that redelivery happen before the books close.
         pool.wait_serving(deadline)
-        poll_until(self.caught_up, deadline=deadline, every_s=0.1)
-        final = len(self.ops) - len(pending)
-        self._quiescent(lambda: final, "sagas final", pool)
+        poll_until(place.caught_up, deadline=deadline, every_s=0.1)
+        final = len(s.ops) - len(pending)
+        s.quiescent(lambda: final, "sagas final", pool)
         if pending:
-            self.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
-
-    def books(self) -> tuple[Book, ...]:
-        return (SagaBooks(self),)
+            s.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
 
 
-def _read_visible(bootstrap: str, topic: str, timeout_s: float = 3.0) -> list[kafka.Record]:
-    """Return the committed records of ``topic`` (read_committed: an aborted dead letter is no record).
-
-    A transaction's commit marker takes an offset too, so the end offset may be one past the
-    last record: a partition is read once its last offset came, or ``MARKER_GRACE_S`` after the
-    one before it (the last is then a marker), or at the timeout (only aborted records).
-    """
-    ends = {p: e for p, e in kafka.end_offsets(bootstrap, topic).items() if e > 0}
-    if not ends:
-        return []
-    reader = kafka.TopicReader(bootstrap, [topic], client_id="txchaos-saga-books")
-    out: list[kafka.Record] = []
-    near: dict[int, float] = {}
-    try:
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            for rec in reader.poll(500, 0.1):
-                out.append(rec)
-                end = ends.get(rec.partition, 0)
-                if rec.offset >= end - 1:
-                    ends.pop(rec.partition, None)
-                elif rec.offset == end - 2:
-                    near[rec.partition] = time.monotonic()
-            for p, since in list(near.items()):
-                if time.monotonic() - since >= MARKER_GRACE_S:
-                    ends.pop(p, None)
-                    del near[p]
-    finally:
-        reader.close()
-    return out
+def saga_books(session: SessionView, place: SagaTopics) -> tuple[Book, ...]:
+    return (SagaBooks(session, place),)
 
 
 class SagaBooks:
@@ -300,12 +296,12 @@ class SagaBooks:
     participant's effect rows, the requests the orchestrator sent (as submissions of their own),
     each request left past its group's offsets, and the dead-lettered ones."""
 
-    def __init__(self, session: SagaRunSession) -> None:
-        self.session = session
+    def __init__(self, session: SessionView, place: SagaTopics) -> None:
+        self.session, self.place = session, place
 
     def close(self, engine: db.Engine) -> None:
-        s = self.session
-        states = s.states()
+        s, place = self.session, self.place
+        states = place.states()
         for op in s.ops:
             state = states.get(op)
             if is_final(state):
@@ -315,15 +311,15 @@ class SagaBooks:
         for table in sorted(set(EFFECT_TABLES.values())):
             for op in db.column_values(engine, table, "op_id"):
                 s.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
-        for process, topic in s.requests.items():
-            ends = kafka.end_offsets(s.bootstrap, topic)
-            records = kafka.read_range(s.bootstrap, topic, {}, ends)
+        for process, topic in place.requests.items():
+            ends = kafka.end_offsets(place.bootstrap, topic)
+            records = kafka.read_range(place.bootstrap, topic, {}, ends)
             seen: set[str] = set()
             for rec in records:
                 if rec.key and rec.key not in seen:
                     seen.add(rec.key)
                     s.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
-            left = kafka.backlog(s.bootstrap, s.groups[process], topic)
+            left = kafka.backlog(place.bootstrap, place.groups[process], topic)
             for rec in records:
                 if rec.partition in left and rec.offset >= left[rec.partition][0]:
                     s.ledger.emit(
@@ -334,7 +330,7 @@ class SagaBooks:
                         partition=rec.partition,
                         offset=rec.offset,
                     )
-            for rec in _read_visible(s.bootstrap, kafka.dlt_name(topic)):
+            for rec in kafka.read_visible(place.bootstrap, kafka.dlt_name(topic)):
                 s.ledger.emit(
                     Kind.DEAD_LETTER,
                     op=rec.key,
@@ -371,8 +367,11 @@ def _check(spec: ScenarioSpec) -> None:
 FLOW = register(
     kafka_flow(
         "kafka_saga",
-        SagaRunSession,
         "an orchestrator and two participants, each a Kafka stage",
+        topology=SagaTopics,
+        workload=SagaStarts,
+        quiescence=SagasFinal,
+        books=saga_books,
         parse=SagaSettings.from_options,
         check_spec=_check,
     )

@@ -1,7 +1,7 @@
 """Run a team's own service under test: the ``service_activemq`` and ``service_kafka`` flows.
 
-A service flow is the stage session of its transport (ActiveMQ or Kafka: the same destinations,
-sink, quiescence and books) with its processes part swapped: ``ServiceInstances`` starts the
+A service flow is the stage flow of its transport (ActiveMQ or Kafka: the same topology, workload,
+quiescence and books) with its processes part swapped: ``ServiceInstances`` starts the
 service's own instances (``ServicePool``) instead of txchaos workers, each behind its own trap proxies, one per
 protocol the service speaks (``harness.traps``): twins of the stack's Toxiproxy proxies, inside
 Toxiproxy, so network faults still apply and no hop is added. A crash of the spec is a trap:
@@ -30,9 +30,10 @@ from harness.errors import ConfigError, HarnessError, ServiceFailed
 from harness.faults.process import Pause
 from harness.ledger.schema import Kind
 from harness.run.core.parts import ProcessesKind
-from harness.run.core.sink_session import SinkSession
-from harness.run.flows.activemq import StageRunSession
-from harness.run.flows.kafka import KafkaRunSession
+from harness.run.core.roles import SessionView
+from harness.run.core.sink_parts import Messages, all_out
+from harness.run.flows.activemq import Queues, QueuesSettle, queue_books
+from harness.run.flows.kafka import GroupCommitted, Topics, topic_books
 from harness.run.processes.service_build import build_dir, ensure_built
 from harness.run.processes.service_pool import Instance, ServicePool
 from harness.run.processes.supervisor import WorkerPool
@@ -88,7 +89,7 @@ class ServiceInstances:
     may_join_late: ClassVar[bool] = False  # the service must be ready before anything is submitted
     ledgers_deliveries: ClassVar[bool] = False  # the service writes no ledger: the broker's redelivery is the evidence
 
-    def __init__(self, session: SinkSession[Any]) -> None:
+    def __init__(self, session: SessionView) -> None:
         assert session.spec.service is not None  # check() refused a spec without one
         self.session = session
         self.service = session.spec.service
@@ -131,8 +132,9 @@ class ServiceInstances:
     def provision(self) -> None:
         """Start a trap proxy per instance and protocol the service speaks (the flow's destinations exist)."""
         session = self.session
-        if session._sink is not None and self.service.output_op is not None:
-            session._sink.op_path = tuple(self.service.output_op.split("."))
+        sink = session.topology.sink
+        if sink is not None and self.service.output_op is not None:
+            sink.op_path = tuple(self.service.output_op.split("."))
         ep = session.endpoints
         upstream = ep.proxied()
         for name in self._names():
@@ -166,7 +168,7 @@ class ServiceInstances:
 
     def _running(self, *, stopped_too: bool = False) -> ServicePool:
         pool = self._pool
-        if pool is None or (not stopped_too and self.session._pool is not pool):
+        if pool is None or (not stopped_too and self.session.pool is not pool):
             raise HarnessError("a trap fired with no service running", hint="arm traps after open()")
         return pool
 
@@ -184,7 +186,7 @@ class ServiceInstances:
     def _instance(self, number: int, name: str) -> Instance:
         svc, s, ep = self.service, self.session, self.session.endpoints
         values = {**_static(svc, build_dir(svc)), "run_dir": str(s.folder.path), "instance": str(number)}
-        values.update(input=s.input_dest, output=self.output_dest, group=s.group)
+        values.update(input=s.topology.input_dest, output=self.output_dest, group=s.topology.group)
         values.update(db_user=ep.db_user, db_password=ep.db_password, db_name=ep.db_name)
         if ep.dtm is not None:
             values["dtm_url"] = ep.dtm_url
@@ -206,7 +208,7 @@ class ServiceInstances:
         svc, s = self.service, self.session
         s.folder.step(
             f"start {svc.instances} instance(s) of service {svc.name}: {' '.join(svc.command)} "
-            f"(input {s.input_dest}, output {self.output_dest})"
+            f"(input {s.topology.input_dest}, output {self.output_dest})"
         )
 
     def body(self, fields: dict[str, object]) -> str | None:
@@ -233,7 +235,7 @@ class ServiceInstances:
         )
         s.folder.step(f"trap {firing.point} fired on op {firing.op} in {firing.where}: {firing.action}")
         pool = self._pool
-        if pool is not None and s._pool is pool and firing.action in ("kill", "drop"):  # a dropped link may end it
+        if pool is not None and s.pool is pool and firing.action in ("kill", "drop"):  # a dropped link may end it
             pool.expect_exit(firing.where)
         if firing.action == "freeze":
             timer = threading.Timer(self.service.freeze_s, self.thaw)
@@ -267,7 +269,7 @@ class ServiceInstances:
     @contextmanager
     def during_fault(self) -> Iterator[object]:
         """While a fault is applied, an instance that ends is explained by it."""
-        pool = self._pool if self._pool is self.session._pool else None
+        pool = self._pool if self._pool is self.session.pool else None
         if pool is not None:
             pool.fault_on()
         try:
@@ -335,14 +337,14 @@ def _check(spec: ScenarioSpec) -> None:
             )
 
 
-def _service_flow(transport: str, session: type[SinkSession[Any]], **kw: Any) -> Flow:
+def _service_flow(transport: str, **kw: Any) -> Flow:
     return register(
         Flow(
             f"service_{transport}",
             transport,
             f"a team's own service (any language) on {transport}, crashed by wire-level traps",
-            session=session,
-            processes=SERVICE_INSTANCES,  # the stage session of the transport, the service's instances swapped in
+            workload=Messages,
+            processes=SERVICE_INSTANCES,  # the stage flow of the transport, the service's instances swapped in
             points=tuple(TRAP_POINTS),
             actions=SERVICE_ACTIONS,
             # Poison operations reach the service through its body template's {poison}.
@@ -355,6 +357,12 @@ def _service_flow(transport: str, session: type[SinkSession[Any]], **kw: Any) ->
 
 
 FLOWS = (
-    _service_flow("activemq", StageRunSession),
-    _service_flow("kafka", KafkaRunSession, parse=KafkaStageOptions.from_options),
+    _service_flow("activemq", topology=Queues, quiescence=all_out(QueuesSettle), books=queue_books),
+    _service_flow(
+        "kafka",
+        topology=Topics,
+        quiescence=all_out(GroupCommitted),
+        books=topic_books,
+        parse=KafkaStageOptions.from_options,
+    ),
 )

@@ -1,14 +1,15 @@
 """What a flow is: ``Flow``, the one registration of everything a run of it needs, and the registry.
 
-A ``Flow`` names its topology on a transport, the crash points and actions its runtime knows, the
-optional spec fields it accepts, how its ``options`` are parsed (``parse``: once, when a spec is
-built, into the typed settings its parts read as ``spec.settings``), any further check of a spec,
-and the session that runs it. Each flow registers itself in its own module under
-``harness.run.flows``; importing ``harness.run`` registers them all. ``ScenarioSpec`` validates
-itself against its flow before any service starts.
+A ``Flow`` names its transport, the crash points and actions its runtime knows, the optional
+spec fields it accepts, how its ``options`` are parsed (``parse``: once, when a spec is built,
+into the typed settings its parts read as ``spec.settings``), any further check of a spec, and
+the parts the one session (``harness.run.core.session.RunSession``) runs it with: its topology,
+processes, workload, quiescence and books (``harness.run.core.roles``). Each flow registers
+itself in its own module under ``harness.run.flows``; importing ``harness.run`` registers them
+all. ``ScenarioSpec`` validates itself against its flow before any service starts.
 
-The registry sits below the sessions (they import it, it imports none of them): a flow hands its
-session class in as a value, so nothing here names a class as a string or imports upward.
+The registry sits below the session and the parts (they import it, it imports none of them): a
+flow hands its parts in as values, so nothing here names a class as a string or imports upward.
 """
 
 from __future__ import annotations
@@ -32,16 +33,21 @@ def no_settings(options: dict[str, Any]) -> None:
 class Flow:
     """One registered flow: a topology on a transport, run by one session class.
 
-    >>> register(Flow("kafka", "kafka", "one consumer-group stage on topics", session=KafkaRunSession,
+    >>> register(Flow("kafka", "kafka", "one consumer-group stage on topics", topology=KafkaTopics,
+    ...               workload=Messages, quiescence=all_out(GroupCommitted), books=kafka_books,
     ...               points=KAFKA_POINTS, parse=KafkaStageOptions.from_options))
     """
 
     name: str
     transport: str
     summary: str
-    # The session class that runs the flow (a ``harness.run.core.session.RunSession``); None only
-    # for the stand-in ``ScenarioSpec`` uses for an omitted ``flow=``.
-    session: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    # The parts (``harness.run.core.roles``): the topology is built from the session, the others
+    # from the session and the topology; ``books`` returns the books in the order they close.
+    # None only for the stand-in ``ScenarioSpec`` uses for an omitted ``flow=``.
+    topology: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    workload: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    quiescence: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    books: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     points: tuple[str, ...] = ()
     actions: tuple[str, ...] = ("kill",)
     accepts: frozenset[str] = frozenset()
@@ -94,8 +100,9 @@ def register(flow: Flow) -> Flow:
     """Register ``flow`` under its name (a name registered twice is a programming error)."""
     if flow.name in FLOWS:
         raise ValueError(f"flow {flow.name!r} is registered twice")
-    if flow.session is None:
-        raise ValueError(f"flow {flow.name!r} names no session")
+    missing = [p for p in ("topology", "workload", "quiescence", "books") if getattr(flow, p) is None]
+    if missing:
+        raise ValueError(f"flow {flow.name!r} names no {', '.join(missing)}")
     FLOWS[flow.name] = flow
     return flow
 
