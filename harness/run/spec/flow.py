@@ -55,7 +55,7 @@ class Flow:
     # Parses ``spec.options`` into the flow's typed settings (raises ConfigError): run once per spec.
     parse: Callable[[dict[str, Any]], object] = field(default=no_settings, compare=False, repr=False)
     check_spec: Callable[[Any], None] | None = field(default=None, compare=False, repr=False)
-    # The processes part (``harness.run.core.parts.Processes``) when not the session's own workers:
+    # The processes part (``harness.run.core.parts.Processes``) when not txchaos's own workers:
     # the service flows run a team's instances behind trap proxies instead.
     processes: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     label: str = ""  # how a refusal names a scenario of the flow ("a stage scenario with ...")

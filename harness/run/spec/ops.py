@@ -60,7 +60,7 @@ class OpIds(Sequence[str]):
         if op != self.id(self._count):
             raise HarnessError(
                 f"operation {op!r} submitted out of order (expected {self.id(self._count)!r})",
-                hint="mint ids with the session's op_id/_mint and submit them in order",
+                hint="mint ids with the session's op_id or mint and submit them in order",
             )
         self._count += 1
 
