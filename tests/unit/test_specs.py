@@ -201,9 +201,9 @@ def test_dtm_options_are_refused_when_the_spec_is_made(options: dict[str, object
     [
         ("onepc_crash_gap", "harness.run.flows.activemq", "Queues", "Messages", "AllOut"),
         ("kafka_consumer", "harness.run.flows.kafka", "Topics", "Messages", "AllOut"),
-        ("kafka_saga", "harness.run.flows.saga", "SagaTopics", "SagaStarts", "SagasFinal"),
+        ("kafka_saga", "harness.run.flows.saga", "SagaTopics", "SagaStarts", "UntilDone"),
         ("kafka_cqrs", "harness.run.flows.cqrs", "Topics", "EntityEvents", "AllOut"),
-        ("dtm_transfer", "harness.run.flows.dtm", "DtmService", "Transfers", "Decided"),
+        ("dtm_transfer", "harness.run.flows.dtm", "DtmService", "Transfers", "UntilDone"),
     ],
 )
 def test_each_flow_registers_its_parts_in_its_own_module(

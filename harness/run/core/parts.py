@@ -3,9 +3,9 @@
 One of a session's parts (``harness.run.core.roles``) is a ``Processes``: txchaos's own worker
 processes (``Workers``, every built-in flow: the specs its topology gives), or a team's own
 service instances behind trap proxies (``harness.run.flows.service.ServiceInstances``: the
-service flows are the ActiveMQ and Kafka stage flows with that part swapped in). A flow names its part in
-its registration (``Flow(processes=...)``); ``RunSession`` builds it and calls it at each turn of
-the lifecycle:
+service flows are the ActiveMQ and Kafka stage flows with that part swapped in). A flow names
+its part in its registration (``Parts(processes=...)``); ``RunSession`` builds it and calls it at
+each turn of the lifecycle:
 
     check(spec, endpoints)   before anything starts (a class method: no session exists yet)
     provision()              after the flow's destinations exist (a service's trap proxies)

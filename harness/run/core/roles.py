@@ -18,11 +18,13 @@ its processes part swapped, and a new flow writes only the parts that differ.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness.clients import db
 from harness.ledger.writer import LedgerWriter
+from harness.poll import deadline_in
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, ScenarioSpec
@@ -125,6 +127,29 @@ class Quiescence(Protocol):
     """How the session knows the flow is quiet: every operation done, or nothing more will happen."""
 
     def wait(self, pool: WorkerPool) -> None: ...
+
+
+@dataclass
+class UntilDone:
+    """A quiescence: the flow's own wait until every operation is done (it returns those that are
+    not, with their state), then every process serving again, then what a redelivery brings
+    (``settle``, bounded by the deadline) before ``settle_s`` and the folder's quiescence step."""
+
+    session: SessionView
+    done: Callable[[], dict[str, str]]
+    what: str  # how the folder says an operation is done ("decided by DTM", "sagas final")
+    settle: Callable[[float], object] = lambda deadline: None
+
+    def wait(self, pool: WorkerPool) -> None:
+        s = self.session
+        deadline = deadline_in(s.spec.timeout_s)
+        pending = self.done()
+        pool.wait_serving(deadline)
+        self.settle(deadline)
+        finished = len(s.ops) - len(pending)
+        s.quiescent(lambda: finished, self.what, pool)
+        if pending:
+            s.progress(f"{len(pending)} operation(s) not {self.what} by the timeout: {sorted(set(pending.values()))}")
 
 
 class Plain:

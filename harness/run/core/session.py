@@ -70,10 +70,13 @@ class RunSession:
         if not isinstance(spec, ScenarioSpec):
             raise ConfigError(f"{spec!r} is not a ScenarioSpec", hint="build the spec with harness.ScenarioSpec(...)")
         flow = spec.flow
-        topology = cast(TopologyKind, flow.topology)
+        if flow.parts is None:
+            raise ConfigError(f"{spec.label} names no registered flow", hint="give flow= a registered flow")
+        self._parts = flow.parts
+        topology = cast(TopologyKind, flow.parts.topology)
         topology.check(spec, endpoints)
-        parts = cast(ProcessesKind, flow.processes) if flow.processes else WORKERS
-        parts.check(spec, endpoints)
+        processes = cast(ProcessesKind, flow.parts.processes) if flow.parts.processes else WORKERS
+        processes.check(spec, endpoints)
         # Before the folder exists: a handler that does not import fails naming itself, not as
         # "worker-0 keeps dying before it subscribes", and leaves no half-made run behind.
         check_handlers(spec)
@@ -99,9 +102,9 @@ class RunSession:
         self._result: RunResult | None = None
         self._faults = ExitStack()  # the faults ``Open`` applied, healed by ``Heal`` or on close
         self.topology: Topology = topology(self)
-        self.processes: Processes = parts(self)
-        self.workload: Workload = cast(Callable[..., Workload], flow.workload)(self, self.topology)
-        self.quiescence: Quiescence = cast(Callable[..., Quiescence], flow.quiescence)(self, self.topology)
+        self.processes: Processes = processes(self)
+        self.workload: Workload = flow.parts.workload(self, self.topology)
+        self.quiescence: Quiescence = flow.parts.quiescence(self, self.topology)
 
     # -- what the parts read ------------------------------------------------------------------
     @property
@@ -121,7 +124,7 @@ class RunSession:
 
     def books(self) -> tuple[Book, ...]:
         """Return the books the run closes into the ledger, in order, once its processes stopped."""
-        books: tuple[Book, ...] = cast(Callable[..., tuple[Book, ...]], self.spec.flow.books)(self, self.topology)
+        books: tuple[Book, ...] = self._parts.books(self, self.topology)
         return books
 
     def wait_idle(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from harness.clients import db
@@ -19,7 +20,9 @@ from harness.poll import deadline_in, poll_until
 from harness.run.core.roles import Plain, Quiescence, SessionView
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.ops import OpSet
+from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.base import Transport
+from harness.stack.base import Endpoints
 
 
 class Sink(Protocol):
@@ -39,19 +42,38 @@ class SinkPlace(Protocol):
     def transport(self) -> Transport: ...
 
 
-def release_sink(place: SinkPlace) -> None:
-    """Stop the sink at once and release the transport (a topology's ``release``, healing)."""
-    if place.sink is not None:
-        place.sink.stop(idle_s=0)
-        place.sink = None
-    place.transport.release()
+class SinkTopology:
+    """What every sink flow's topology does alike: the spec's effect table, and releasing sink and transport.
+
+    A transport's topology (``Queues``, ``Topics``) names its destinations, sets ``transport``,
+    ``input_dest`` and ``group`` and starts ``sink`` in ``provision``.
+    """
+
+    session: SessionView
+    transport: Transport
+    sink: Any = None
+
+    @classmethod
+    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
+        return None
+
+    def effect_tables(self) -> tuple[tuple[str, str], ...]:
+        return ((self.session.spec.effect_table, self.session.spec.effect_column),)
+
+    def release(self) -> None:
+        """Stop the sink at once and release the transport (healing)."""
+        if self.sink is not None:
+            self.sink.stop(idle_s=0)
+            self.sink = None
+        self.transport.release()
 
 
+@dataclass
 class Messages(Plain):
     """Plain operations: one message (record) each, keyed by its id, sent to the topology's input."""
 
-    def __init__(self, session: SessionView, place: SinkPlace) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: SinkPlace
 
     def submit(self, count: int, *, poison: bool = False, **extra: Any) -> list[str]:
         """Send ``count`` new operations (requester-made ids, each its record's key); return their ids.
@@ -100,11 +122,13 @@ class Settling(Protocol):
         ...
 
 
+@dataclass
 class AllOut:
     """Quiet when every operation came out, or the transport's probe says no more will; bounded by the timeout."""
 
-    def __init__(self, session: SessionView, place: SinkPlace, settling: Settling) -> None:
-        self.session, self.place, self.settling = session, place, settling
+    session: SessionView
+    place: SinkPlace
+    settling: Settling
 
     def wait(self, pool: WorkerPool) -> None:
         s, sink = self.session, self.place.sink
@@ -143,11 +167,11 @@ def all_out(settling: Callable[[Any, Any], Settling]) -> Callable[[SessionView, 
     return build
 
 
+@dataclass
 class SinkStopped:
     """Not an account but a turn of the books: the sink reads what is still on its way, then stops."""
 
-    def __init__(self, place: SinkPlace) -> None:
-        self.place = place
+    place: SinkPlace
 
     def close(self, engine: db.Engine) -> None:
         if self.place.sink is not None:

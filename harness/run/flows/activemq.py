@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 from harness.clients import db
@@ -20,26 +21,24 @@ from harness.poll import poll_until
 from harness.run.core.books import Book, EffectTable, UnsentOutbox
 from harness.run.core.parts import worker_spec
 from harness.run.core.roles import SessionView
-from harness.run.core.sink_parts import Messages, SinkStopped, all_out, release_sink
+from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out
 from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, register
+from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, Parts, register
 from harness.run.spec.ops import OpSet
-from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.activemq import ActiveMQTransport
 from harness.run.transports.activemq_sink import QueueResidue, Sink
 from harness.run.transports.settle import Settlement
-from harness.stack.base import Endpoints
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.spec import WorkerSpec
 
-__all__ = ["IDLE_S", "Queues"]
+__all__ = ["IDLE_S", "QUEUE_PARTS", "Queues"]
 
 # How long the flow must stay idle before operations that never came out are judged (``_Idleness``):
 # twice the redelivery plugin's 1 s delay, and room for a restarted broker to dispatch again.
 IDLE_S = 2.0
 
 
-class Queues:
+class Queues(SinkTopology):
     """The topology of a chain of queue stages: ``<ns>.in``, a queue per further stage, ``<ns>.out``."""
 
     late_workers: ClassVar[bool] = False
@@ -58,10 +57,6 @@ class Queues:
         self.own_stomp = session.endpoints.stomp.direct() if session.bypass_faults else session.endpoints.stomp
         self.transport = ActiveMQTransport(self.own_stomp, session.folder)
         self.sink: Sink | None = None
-
-    @classmethod
-    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
-        return None
 
     def provision(self) -> None:
         s = self.session
@@ -124,18 +119,13 @@ class Queues:
             )
         return out
 
-    def effect_tables(self) -> tuple[tuple[str, str], ...]:
-        return ((self.session.spec.effect_table, self.session.spec.effect_column),)
 
-    def release(self) -> None:
-        release_sink(self)
-
-
+@dataclass
 class QueuesSettle:
     """How quiescence settles on queues: deliveries settled, the flow idle, the outbox relayed."""
 
-    def __init__(self, session: SessionView, place: Queues) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: Queues
 
     def all_out(self, pool: WorkerPool, deadline: float) -> None:
         # A worker killed after its DB commit gets its message back once it is replaced, and the
@@ -263,15 +253,13 @@ class _Idleness:
         return quiet_for >= self.quiet_s and outbox_empty()
 
 
+QUEUE_PARTS = Parts(Queues, Messages, all_out(QueuesSettle), queue_books)
 FLOW = register(
     Flow(
         "activemq",
         "activemq",
         "a chain of STOMP queue stages with helpers and an outbox",
-        topology=Queues,
-        workload=Messages,
-        quiescence=all_out(QueuesSettle),
-        books=queue_books,
+        parts=QUEUE_PARTS,
         points=STAGE_POINTS,
         actions=ACTIONS,
         accepts=frozenset(OPTIONAL_FIELDS),

@@ -19,7 +19,7 @@ Quiescence and residue of the input topic are the ``kafka`` flow's; the lifecycl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import text
@@ -31,18 +31,19 @@ from harness.ledger.writer import LedgerWriter
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
 from harness.run.core.books import Book
 from harness.run.core.roles import Plain, SessionView
-from harness.run.core.sink_parts import SinkStopped, all_out
-from harness.run.flows.kafka import GroupCommitted, Topics, group_residue, kafka_flow
+from harness.run.core.sink_parts import SinkStopped
+from harness.run.flows.kafka import TOPIC_PARTS, Topics, group_residue, kafka_flow
 from harness.run.spec.flow import register
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.transports.base import RunRecord
 
 
+@dataclass
 class EntityEvents(Plain):
     """Operations that are entity events: keyed by aggregate id, a delete a tombstone."""
 
-    def __init__(self, session: SessionView, place: Topics) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: Topics
 
     def submit(self, count: int, *, poison: bool = False, **extra: Any) -> list[str]:
         """Produce the next ``count`` entity events (keyed by aggregate id); return their event ids."""
@@ -111,10 +112,7 @@ FLOW = register(
     kafka_flow(
         "kafka_cqrs",
         "entity events keyed by aggregate id into one Kafka replica stage",
-        topology=Topics,
-        workload=EntityEvents,
-        quiescence=all_out(GroupCommitted),
-        books=journal_books,
+        parts=replace(TOPIC_PARTS, workload=EntityEvents, books=journal_books),
         check_spec=_check,
     )
 )

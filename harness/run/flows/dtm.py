@@ -2,7 +2,7 @@
 
 The ``dtm`` flow's parts put DTM in place of a broker queue: the topology (``DtmService``) runs
 the ``service`` and ``branch`` processes on ports of their own; an operation is a transfer the
-driver asks the service for over HTTP (the ``Transfers`` workload); quiescence (``Decided``) is
+driver asks the service for over HTTP (the ``Transfers`` workload); quiescence (``decided``) is
 every request answered and every prepared message decided by DTM (``succeed`` or ``failed``).
 The books it closes with:
 
@@ -38,9 +38,8 @@ from harness.patterns.dtm_transfer import gid_of, money
 from harness.poll import poll_until
 from harness.run.core.books import Book, EffectTable
 from harness.run.core.parts import worker_spec
-from harness.run.core.roles import Plain, SessionView
-from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import Flow, register
+from harness.run.core.roles import Plain, Quiescence, SessionView, UntilDone
+from harness.run.spec.flow import Flow, Parts, register
 from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.procs import free_ports
@@ -155,6 +154,11 @@ class DtmService:
         """Return (debited, credited): the sums of the committed debits and credits now."""
         return money(self.session.engine("money"))
 
+    def decide(self) -> dict[str, str]:
+        """Wait for every decision (``wait_decided``); keep the undecided for the books and return them."""
+        self.undecided = self.wait_decided()
+        return self.undecided
+
     def wait_decided(self, timeout_s: float | None = None) -> dict[str, str]:
         """Wait until every request is answered and DTM has decided every message so far.
 
@@ -192,11 +196,12 @@ class DtmService:
         return pending
 
 
+@dataclass
 class Transfers(Plain):
     """Operations that are transfers: each a POST to the service, answered in the background."""
 
-    def __init__(self, session: SessionView, place: DtmService) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: DtmService
 
     def submit(self, count: int, *, poison: bool = False, hold_s: float | None = None, **extra: Any) -> list[str]:
         """Ask the service for ``count`` transfers (answers come in the background); return their ids.
@@ -257,21 +262,9 @@ class Transfers(Plain):
         self.place.wait_decided()
 
 
-class Decided:
+def decided(session: SessionView, place: DtmService) -> Quiescence:
     """Quiet when every request is answered and DTM decided every message (or the timeout)."""
-
-    def __init__(self, session: SessionView, place: DtmService) -> None:
-        self.session, self.place = session, place
-
-    def wait(self, pool: WorkerPool) -> None:
-        s, place = self.session, self.place
-        deadline = time.monotonic() + s.spec.timeout_s
-        place.undecided = place.wait_decided()
-        pool.wait_serving(deadline)
-        decided = len(s.ops) - len(place.undecided)
-        s.quiescent(lambda: decided, "decided by DTM", pool)  # a branch retry already sent lands first
-        if place.undecided:
-            s.progress(f"timeout: {len(place.undecided)} message(s) DTM has not decided")
+    return UntilDone(session, place.decide, "decided by DTM")
 
 
 def dtm_books(session: SessionView, place: DtmService) -> tuple[Book, ...]:
@@ -279,13 +272,14 @@ def dtm_books(session: SessionView, place: DtmService) -> tuple[Book, ...]:
     return (EffectTable(session.ledger, session.folder, "dtm_credits"), DtmDecisions(session, place))
 
 
+@dataclass
 class DtmDecisions:
     """The transfers' books: each debit a ``submit`` (one the service never learnt committed is added
     here), each credit a ``residue_effect``, each message DTM has not decided a ``residue_queue``;
     money debited and credited kept on the session for conservation."""
 
-    def __init__(self, session: SessionView, place: DtmService) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: DtmService
 
     def close(self, engine: db.Engine) -> None:
         s, place = self.session, self.place
@@ -305,10 +299,7 @@ FLOW = register(
         "dtm",
         "http",
         "a 2-phase message transfer: a service and its branch over DTM",
-        topology=DtmService,
-        workload=Transfers,
-        quiescence=Decided,
-        books=dtm_books,
+        parts=Parts(DtmService, Transfers, decided, dtm_books),
         accepts=frozenset({"helpers"}),
         refusal="the DTM run has one service and its helpers (the branch): leave those out",
         parse=DtmHolds.from_options,

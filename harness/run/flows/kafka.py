@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.clients import kafka
@@ -24,20 +25,18 @@ from harness.poll import poll_until
 from harness.run.core.books import Book, EffectTable
 from harness.run.core.parts import worker_spec
 from harness.run.core.roles import SessionView
-from harness.run.core.sink_parts import Messages, SinkStopped, all_out, release_sink
+from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out
 from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import Flow, register
-from harness.run.spec.scenario import ScenarioSpec
+from harness.run.spec.flow import Flow, Parts, register
 from harness.run.transports.kafka import KafkaTransport
 from harness.run.transports.kafka_sink import GroupBacklog, KafkaSink
-from harness.stack.base import Endpoints
 from harness.worker.kafka_options import KAFKA_ACTIONS, KAFKA_POINTS, KafkaStageOptions
 from harness.worker.spec import WorkerSpec
 
 COMMITTED_POLL_S = 0.25  # how often quiescence asks the coordinator for the group's offsets
 
 
-class Topics:
+class Topics(SinkTopology):
     """The topology of one consumer-group stage: its input, output and dead-letter topics and its group."""
 
     late_workers: ClassVar[bool] = True
@@ -53,10 +52,6 @@ class Topics:
         self.group = f"{ns}.group"
         self.transport = KafkaTransport(self.bootstrap, session.folder, partitions=self.opts.partitions)
         self.sink: KafkaSink | None = None
-
-    @classmethod
-    def check(cls, spec: ScenarioSpec, endpoints: Endpoints) -> None:
-        return None
 
     def provision(self) -> None:
         self.transport.create([self.input_topic, self.output_topic, self.dlt])
@@ -93,18 +88,13 @@ class Topics:
         """Return True when the group has committed every input record (nothing left to process)."""
         return not kafka.backlog(self.bootstrap, self.group, self.input_topic)
 
-    def effect_tables(self) -> tuple[tuple[str, str], ...]:
-        return ((self.session.spec.effect_table, self.session.spec.effect_column),)
 
-    def release(self) -> None:
-        release_sink(self)
-
-
+@dataclass
 class GroupCommitted:
     """How quiescence settles on a consumer group: the group committed all input, the sink caught up."""
 
-    def __init__(self, session: SessionView, place: Topics) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: Topics
 
     def all_out(self, pool: WorkerPool, deadline: float) -> None:
         pool.wait_serving(deadline)  # a replaced consumer may still get records back
@@ -177,13 +167,5 @@ def kafka_flow(name: str, summary: str, **kw: Any) -> Flow:
     )
 
 
-FLOW = register(
-    kafka_flow(
-        "kafka",
-        "one consumer-group stage on topics",
-        topology=Topics,
-        workload=Messages,
-        quiescence=all_out(GroupCommitted),
-        books=topic_books,
-    )
-)
+TOPIC_PARTS = Parts(Topics, Messages, all_out(GroupCommitted), topic_books)
+FLOW = register(kafka_flow("kafka", "one consumer-group stage on topics", parts=TOPIC_PARTS))

@@ -4,7 +4,7 @@ The ``kafka_saga`` flow's parts put three Kafka stages in place of one queue: th
 (``SagaTopics``) is the run's topics ``<ns>.saga`` (the orchestrator's inbox: starts and
 replies), ``<ns>.payment`` and ``<ns>.seat`` (requests) and their ``-dlt`` topics, and the
 ``orchestrator``, ``payment`` and ``seat`` processes; an operation is a saga the driver starts
-(``SagaStarts``). Quiescence (``SagasFinal``) is every saga in a final state (``completed`` or
+(``SagaStarts``). Quiescence (``sagas_final``) is every saga in a final state (``completed`` or
 ``compensated``), or no saga moving while the participants have committed all their requests.
 
 How the books close into the ledger (contract: no downstream, no poison rule), so the checker
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sqlalchemy import text
@@ -40,10 +40,9 @@ from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT
 from harness.poll import deadline_in, poll_until
 from harness.run.core.books import Book
 from harness.run.core.parts import worker_spec
-from harness.run.core.roles import Plain, SessionView
+from harness.run.core.roles import Plain, Quiescence, SessionView, UntilDone
 from harness.run.flows.kafka import kafka_flow
-from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import register
+from harness.run.spec.flow import Parts, register
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.transports.kafka import KafkaTransport
 from harness.stack.base import Endpoints
@@ -203,13 +202,19 @@ class SagaTopics:
         return pending
 
 
+def saga_books(session: SessionView, place: SagaTopics) -> tuple[Book, ...]:
+    """The saga run's one book (``SagaBooks``)."""
+    return (SagaBooks(session, place),)
+
+
+@dataclass
 class SagaStarts(Plain):
     """Operations that are sagas: each a start in the orchestrator's inbox; a crash arms a saga's step."""
 
-    def __init__(self, session: SessionView, place: SagaTopics) -> None:
-        self.session, self.place = session, place
-        self.refused: set[str] = set()
-        self.flaky: set[str] = set()
+    session: SessionView
+    place: SagaTopics
+    refused: set[str] = field(default_factory=set)
+    flaky: set[str] = field(default_factory=set)
 
     def alone(self) -> set[int]:
         # A saga a crash names starts alone, the flow quiet before and after it: the scenario's
@@ -267,37 +272,25 @@ class SagaStarts(Plain):
         return step_op(saga, step) if step else saga
 
 
-class SagasFinal:
-    """Quiet when every saga is final (or none moves, every process caught up); then redeliveries settle."""
+def sagas_final(session: SessionView, place: SagaTopics) -> Quiescence:
+    """Quiet when every saga is final (or none moves, every process caught up); then a participant
+    killed after its reply and before its offset commit gets its request back once restarted, and
+    that redelivery happens before the books close."""
 
-    def __init__(self, session: SessionView, place: SagaTopics) -> None:
-        self.session, self.place = session, place
+    def caught_up(deadline: float) -> bool:
+        return poll_until(place.caught_up, deadline=deadline, every_s=0.1)
 
-    def wait(self, pool: WorkerPool) -> None:
-        s, place = self.session, self.place
-        deadline = time.monotonic() + s.spec.timeout_s
-        pending = place.wait_final()
-        # A participant killed after its reply and before its offset commit gets the request
-        # back once restarted: let that redelivery happen before the books close.
-        pool.wait_serving(deadline)
-        poll_until(place.caught_up, deadline=deadline, every_s=0.1)
-        final = len(s.ops) - len(pending)
-        s.quiescent(lambda: final, "sagas final", pool)
-        if pending:
-            s.progress(f"{len(pending)} saga(s) not final: {sorted(set(pending.values()))}")
+    return UntilDone(session, place.wait_final, "sagas final", caught_up)
 
 
-def saga_books(session: SessionView, place: SagaTopics) -> tuple[Book, ...]:
-    return (SagaBooks(session, place),)
-
-
+@dataclass
 class SagaBooks:
     """A saga run's books: each saga's state (final: its effect; else still in its queue), every
     participant's effect rows, the requests the orchestrator sent (as submissions of their own),
     each request left past its group's offsets, and the dead-lettered ones."""
 
-    def __init__(self, session: SessionView, place: SagaTopics) -> None:
-        self.session, self.place = session, place
+    session: SessionView
+    place: SagaTopics
 
     def close(self, engine: db.Engine) -> None:
         s, place = self.session, self.place
@@ -368,10 +361,7 @@ FLOW = register(
     kafka_flow(
         "kafka_saga",
         "an orchestrator and two participants, each a Kafka stage",
-        topology=SagaTopics,
-        workload=SagaStarts,
-        quiescence=SagasFinal,
-        books=saga_books,
+        parts=Parts(SagaTopics, SagaStarts, sagas_final, saga_books),
         parse=SagaSettings.from_options,
         check_spec=_check,
     )

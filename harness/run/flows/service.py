@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -31,13 +32,12 @@ from harness.faults.process import Pause
 from harness.ledger.schema import Kind
 from harness.run.core.parts import ProcessesKind
 from harness.run.core.roles import SessionView
-from harness.run.core.sink_parts import Messages, all_out
-from harness.run.flows.activemq import Queues, QueuesSettle, queue_books
-from harness.run.flows.kafka import GroupCommitted, Topics, topic_books
+from harness.run.flows.activemq import QUEUE_PARTS
+from harness.run.flows.kafka import TOPIC_PARTS
 from harness.run.processes.service_build import build_dir, ensure_built
 from harness.run.processes.service_pool import Instance, ServicePool
 from harness.run.processes.supervisor import WorkerPool
-from harness.run.spec.flow import Flow, register
+from harness.run.spec.flow import Flow, Parts, register
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.run.spec.service import Service, fields_of
 from harness.stack import containers
@@ -337,14 +337,14 @@ def _check(spec: ScenarioSpec) -> None:
             )
 
 
-def _service_flow(transport: str, **kw: Any) -> Flow:
+def _service_flow(transport: str, parts: Parts, **kw: Any) -> Flow:
     return register(
         Flow(
             f"service_{transport}",
             transport,
             f"a team's own service (any language) on {transport}, crashed by wire-level traps",
-            workload=Messages,
-            processes=SERVICE_INSTANCES,  # the stage flow of the transport, the service's instances swapped in
+            # The stage flow of the transport, the service's instances swapped in for its workers.
+            parts=replace(parts, processes=SERVICE_INSTANCES),
             points=tuple(TRAP_POINTS),
             actions=SERVICE_ACTIONS,
             # Poison operations reach the service through its body template's {poison}.
@@ -357,12 +357,6 @@ def _service_flow(transport: str, **kw: Any) -> Flow:
 
 
 FLOWS = (
-    _service_flow("activemq", topology=Queues, quiescence=all_out(QueuesSettle), books=queue_books),
-    _service_flow(
-        "kafka",
-        topology=Topics,
-        quiescence=all_out(GroupCommitted),
-        books=topic_books,
-        parse=KafkaStageOptions.from_options,
-    ),
+    _service_flow("activemq", QUEUE_PARTS),
+    _service_flow("kafka", TOPIC_PARTS, parse=KafkaStageOptions.from_options),
 )

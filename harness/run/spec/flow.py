@@ -30,24 +30,36 @@ def no_settings(options: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """The parts the one session runs a flow with (``harness.run.core.roles``), as values.
+
+    The topology is built from the session, the others from the session and the topology;
+    ``books`` returns the books in the order they close; ``processes`` is None for txchaos's own
+    workers. A flow that differs from another in one part is that flow's parts with it replaced:
+
+    >>> CQRS_PARTS = replace(TOPIC_PARTS, workload=EntityEvents, books=journal_books)
+    """
+
+    topology: Callable[..., Any]
+    workload: Callable[..., Any]
+    quiescence: Callable[..., Any]
+    books: Callable[..., Any]
+    processes: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
 class Flow:
     """One registered flow: a topology on a transport, run by one session class.
 
-    >>> register(Flow("kafka", "kafka", "one consumer-group stage on topics", topology=KafkaTopics,
-    ...               workload=Messages, quiescence=all_out(GroupCommitted), books=kafka_books,
+    >>> register(Flow("kafka", "kafka", "one consumer-group stage on topics", parts=TOPIC_PARTS,
     ...               points=KAFKA_POINTS, parse=KafkaStageOptions.from_options))
     """
 
     name: str
     transport: str
     summary: str
-    # The parts (``harness.run.core.roles``): the topology is built from the session, the others
-    # from the session and the topology; ``books`` returns the books in the order they close.
     # None only for the stand-in ``ScenarioSpec`` uses for an omitted ``flow=``.
-    topology: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
-    workload: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
-    quiescence: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
-    books: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    parts: Parts | None = field(default=None, compare=False, repr=False)
     points: tuple[str, ...] = ()
     actions: tuple[str, ...] = ("kill",)
     accepts: frozenset[str] = frozenset()
@@ -55,9 +67,6 @@ class Flow:
     # Parses ``spec.options`` into the flow's typed settings (raises ConfigError): run once per spec.
     parse: Callable[[dict[str, Any]], object] = field(default=no_settings, compare=False, repr=False)
     check_spec: Callable[[Any], None] | None = field(default=None, compare=False, repr=False)
-    # The processes part (``harness.run.core.parts.Processes``) when not txchaos's own workers:
-    # the service flows run a team's instances behind trap proxies instead.
-    processes: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     label: str = ""  # how a refusal names a scenario of the flow ("a stage scenario with ...")
 
     def __post_init__(self) -> None:
@@ -100,9 +109,8 @@ def register(flow: Flow) -> Flow:
     """Register ``flow`` under its name (a name registered twice is a programming error)."""
     if flow.name in FLOWS:
         raise ValueError(f"flow {flow.name!r} is registered twice")
-    missing = [p for p in ("topology", "workload", "quiescence", "books") if getattr(flow, p) is None]
-    if missing:
-        raise ValueError(f"flow {flow.name!r} names no {', '.join(missing)}")
+    if flow.parts is None:
+        raise ValueError(f"flow {flow.name!r} names no parts")
     FLOWS[flow.name] = flow
     return flow
 
