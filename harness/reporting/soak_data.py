@@ -50,8 +50,11 @@ DOWNSTREAM = _codes(FIRST_TS["downstream_ns"])
 COMMITS = _codes(Kind.DB_COMMIT, Kind.BROKER_COMMIT)
 SPANNED = _codes(*(k for k in Kind if k not in SPAN_EXCLUDED))  # the kinds an operation's first_ns reads
 FAULTS = _codes(Kind.FAULT_START, Kind.FAULT_END)
-RUN_START, CRASH, WORKER_START = _codes(Kind.RUN_START), _codes(Kind.CRASH), _codes(Kind.WORKER_START)
-CONTROL = pa.concat_arrays([RUN_START, CRASH, WORKER_START, FAULTS])
+# A restart is the supervisor's ``worker_exit``: it writes one for every process it starts again
+# (txchaos's workers and a service's instances alike), so the plot counts what ``restarts`` counts,
+# also for a worker that died before it could write its own ``worker_start``.
+RUN_START, CRASH, WORKER_EXIT = _codes(Kind.RUN_START), _codes(Kind.CRASH), _codes(Kind.WORKER_EXIT)
+CONTROL = pa.concat_arrays([RUN_START, CRASH, WORKER_EXIT, FAULTS])
 OP_KINDS = pa.concat_arrays([SUBMIT, DOWNSTREAM, COMMITS])
 SCANNED = pa.concat_arrays([OP_KINDS, CONTROL])
 SCAN_COLUMNS = ("ts_ns", "kind_code", "op_id", "src_code", "point")
@@ -230,15 +233,6 @@ def ticks(ts_ns: I64, t0_ns: int, resolution_s: float) -> Ticks:
     return Ticks(tuple((slots * resolution_s).tolist()), len(ts_ns))
 
 
-def restarts(starts: pa.Table) -> I64:
-    """Return the timestamps of the ``worker_start`` rows that are not their writer's first."""
-    src, ts = _np(starts["src_code"]), _np(starts["ts_ns"])
-    order = np.lexsort((ts, src))
-    src, ts = src[order], ts[order]
-    later: I64 = ts[1:][src[1:] == src[:-1]]
-    return later
-
-
 def _with_codes(events: pa.Table) -> pa.Table:
     """Add the compacted layout's integer columns (``layout.py``) to a table ``read_ledger`` read
     from segments or an older layout, so both kinds of ledger reduce with the same code."""
@@ -341,7 +335,7 @@ def soak_data(ledger_dir: Path, anomalies: Mapping[str, Iterable[str]] | None = 
     t0: int = pc.min(run_starts).as_py() if len(run_starts) else min(firsts)
     series = per_second(pa.table({"submit_ns": ops["submit_ns"], "done_ns": completion(ops, completed_by)}), t0)
     windows = tuple(fault_windows(_fault_events(ctl, min(firsts), max(lasts))))
-    crash_ns, restart_ns = _np(_of(ctl, CRASH)["ts_ns"]), restarts(_of(ctl, WORKER_START))
+    crash_ns, restart_ns = _np(_of(ctl, CRASH)["ts_ns"]), _np(_of(ctl, WORKER_EXIT)["ts_ns"])
     moments = (np.concatenate([crash_ns, restart_ns]) - t0) / NS
     lo = float(min(0.0, *series.seconds[:1], moments.min(initial=0.0)))
     ends = [(w.end_ns - t0) / NS for w in windows]
