@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness.clients import db
 from harness.ledger.writer import LedgerWriter
 from harness.poll import deadline_in
+from harness.run.core.outcome import Progress
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, ScenarioSpec
@@ -32,23 +32,13 @@ from harness.stack.base import Endpoints
 from harness.worker.crash import CrashArm
 from harness.worker.spec import WorkerSpec
 
-Progress = Callable[[str], None]
-
-
-class Folder(Protocol):
-    """The run folder as the parts use it: where it is, and its step log."""
-
-    path: Path
-
-    def step(self, text: str) -> None: ...
-
 
 class SessionView(Protocol):
     """What a part reads of the session it serves (``harness.run.core.session.RunSession``)."""
 
     spec: ScenarioSpec
     endpoints: Endpoints
-    folder: Any  # a RunFolder (``Folder`` and more: the parts hand it to books and transports)
+    folder: Any  # the ``RunFolder``: its path, its step log; the parts hand it to books and transports
     ledger: LedgerWriter
     ns: str  # the run's namespace: every destination it creates starts with it
     ops: OpIds

@@ -17,6 +17,7 @@ from harness.clients import db
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.poll import deadline_in, poll_until
+from harness.run.core.books import EffectTable
 from harness.run.core.roles import Plain, Quiescence, SessionView
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.ops import OpSet
@@ -66,6 +67,12 @@ class SinkTopology:
             self.sink.stop(idle_s=0)
             self.sink = None
         self.transport.release()
+
+
+def effect_book(session: SessionView) -> EffectTable:
+    """Return the book of the spec's effect table (every sink flow but CQRS closes it)."""
+    spec = session.spec
+    return EffectTable(session.ledger, session.folder, spec.effect_table, spec.effect_column)
 
 
 @dataclass

@@ -18,10 +18,10 @@ from typing import ClassVar
 from harness.clients import db
 from harness.errors import HarnessError
 from harness.poll import poll_until
-from harness.run.core.books import Book, EffectTable, UnsentOutbox
+from harness.run.core.books import Book, UnsentOutbox
 from harness.run.core.parts import worker_spec
 from harness.run.core.roles import SessionView
-from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out
+from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out, effect_book
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, Parts, register
 from harness.run.spec.ops import OpSet
@@ -211,7 +211,7 @@ def queue_books(session: SessionView, place: Queues) -> tuple[Book, ...]:
     return (
         QueueResidue(s.endpoints.stomp, tuple(place.stage_queues), s.ledger, s.folder, idle),
         SinkStopped(place),
-        EffectTable(s.ledger, s.folder, spec.effect_table, spec.effect_column),
+        effect_book(s),
         *([UnsentOutbox(s.ledger, s.folder, outbox)] if outbox else []),
     )
 

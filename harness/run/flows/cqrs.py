@@ -30,8 +30,8 @@ from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.patterns.kafka_cqrs import JOURNAL, REPLICA, VERSION_HEADER, entity_event
 from harness.run.core.books import Book
-from harness.run.core.roles import Plain, SessionView
-from harness.run.core.sink_parts import SinkStopped
+from harness.run.core.roles import SessionView
+from harness.run.core.sink_parts import Messages, SinkStopped
 from harness.run.flows.kafka import TOPIC_PARTS, Topics, group_residue, kafka_flow
 from harness.run.spec.flow import register
 from harness.run.spec.scenario import ScenarioSpec
@@ -39,8 +39,9 @@ from harness.run.transports.base import RunRecord
 
 
 @dataclass
-class EntityEvents(Plain):
-    """Operations that are entity events: keyed by aggregate id, a delete a tombstone."""
+class EntityEvents(Messages):
+    """Operations that are entity events: keyed by aggregate id, a delete a tombstone (what comes
+    out is counted as for plain messages)."""
 
     session: SessionView
     place: Topics
@@ -67,9 +68,6 @@ class EntityEvents(Plain):
         s.folder.step(f"submit {count} entity event(s) to {topic}")
         s.progress(f"submitted {len(s.ops)} entity events")
         return new
-
-    def out_count(self) -> int | None:
-        return None if self.place.sink is None else self.place.sink.count()
 
 
 def journal_books(session: SessionView, place: Topics) -> tuple[Book, ...]:

@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 
 from harness.clients import kafka
 from harness.poll import poll_until
-from harness.run.core.books import Book, EffectTable
+from harness.run.core.books import Book
 from harness.run.core.parts import worker_spec
 from harness.run.core.roles import SessionView
-from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out
+from harness.run.core.sink_parts import Messages, SinkStopped, SinkTopology, all_out, effect_book
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.flow import Flow, Parts, register
 from harness.run.transports.kafka import KafkaTransport
@@ -146,9 +146,7 @@ def group_residue(session: SessionView, place: Topics) -> Book:
 
 def topic_books(session: SessionView, place: Topics) -> tuple[Book, ...]:
     """The group's backlog, the sink's last reads, then the effect table."""
-    spec = session.spec
-    effects = EffectTable(session.ledger, session.folder, spec.effect_table, spec.effect_column)
-    return (group_residue(session, place), SinkStopped(place), effects)
+    return (group_residue(session, place), SinkStopped(place), effect_book(session))
 
 
 def kafka_flow(name: str, summary: str, **kw: Any) -> Flow:
