@@ -8,13 +8,15 @@ process of its own, so its driver's peak RSS is its own; each soak's ledger is t
 by the in-process engine and by Spark (``local[*]``), timed. Soak throughput is end to end: first
 submission to the verdict.
 
-    txchaos bench soak [--activemq-ops 20000] [--kafka-ops 200000] [--workers 4] [--no-write]
+    txchaos bench soak [--activemq-ops 20000] [--kafka-ops 200000] [--service-ops 5000] [--workers 4]
+                       [--pairs 3] [--only pairs|nemesis] [--no-write]
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,66 +148,127 @@ def _bare(flow: str, messages: int, workers: int, endpoints: Endpoints) -> BareR
         return bare_kafka(endpoints, messages=messages)
 
 
+def _soak_row(case: Case, s: dict[str, Any], verdict_note: str = "") -> list[object]:
+    """Return a soak's row of the table: its figures, the nemesis that ran and its verdict."""
+    stats = s["stats"]
+    counts = ", ".join(f"{k}={v}" for k, v in s["counts"].items()) or "clean"
+    return [
+        case.label,
+        f"{stats['submitted']:,}",
+        f"{stats['wall_s']:.1f}",
+        f"{stats['ops_per_s']:,.0f}",
+        f"{stats['driving_rss_mb']:.0f} / {stats['driver_peak_rss_mb']:.0f}",
+        f"{s['events']:,}",
+        f"{s['inproc_s']:.1f}",
+        f"{s['spark_s']:.1f} (job {s['spark_job_s']:.1f})" + ("" if s["spark_agrees"] else " DISAGREES"),
+        f"{stats['windows']} windows, {stats['kills']} kills, {stats['crashes_armed']} arms",
+        f"{counts}; {verdict_note}".strip("; "),
+    ]
+
+
+BARE_NAMES = {"activemq": "ActiveMQ ({workers} processes)", "kafka": "Kafka (1 consumer, batch 500)"}
+
+
+def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) -> list[list[object]]:
+    """Return the rows of ``pairs`` bare-loop/clean-soak pairs of ``flow``, run one after the other
+    (bare, soak, bare, soak...), and a last row with the ratio's median and range.
+
+    One pair moves by about as much as the gap it measures (a 20,000-op ActiveMQ soak gives
+    239-276 ops/s run to run on one stack), so a single ratio says little; interleaving puts each
+    soak beside the bare loop measured right before it, on the stack as it is then.
+    """
+    index, case = next((i, c) for i, c in enumerate(CASES) if c.size == flow and c.versus)
+    rows: list[list[object]] = []
+    ratios: list[float] = []
+    name = BARE_NAMES[flow].format(workers=workers)
+    for n in range(1, pairs + 1):
+        got = _bare(flow, ops, workers, endpoints)
+        rows.append([f"bare loop, {name}", f"{got.messages:,}", f"{got.seconds:.1f}", f"{got.ops_per_s:,.0f}"])
+        rows[-1] += ["-"] * 5 + [f"pair {n}: the machine's limit"]
+        s = _soak(index, ops, workers, endpoints)
+        ratios.append(s["stats"]["ops_per_s"] / got.ops_per_s)
+        rows.append(_soak_row(case, s, f"pair {n}: {ratios[-1]:.0%} of the bare loop"))
+    spread = f"{min(ratios):.0%}-{max(ratios):.0%}"
+    median = f"**median {statistics.median(ratios):.0%}** (range {spread}); the target is 85 %"
+    rows.append([f"**{case.label}: soak / bare loop over {pairs} pair(s)**", *["-"] * 8, median])
+    return rows
+
+
+HEADERS = ["run", "ops", "wall s", "ops/s (end to end)", "driver RSS MB (driving / peak)", "ledger events"]
+HEADERS += ["in-process verify s", "Spark verify s", "nemesis", "verdict; vs bare loop"]
+PAIRS_SECTION = "Soak runs against the bare loop (issue 32)"
+NEMESIS_SECTION = "Soak runs under the nemesis (issue 32)"
+PARTS = ("pairs", "nemesis")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("soak")
     parser.add_argument("--activemq-ops", type=int, default=20_000)
     parser.add_argument("--kafka-ops", type=int, default=200_000)
     parser.add_argument("--service-ops", type=int, default=5_000)
     parser.add_argument("--workers", type=int, default=4, help="ActiveMQ workers (and bare-loop processes)")
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="bare-loop/clean-soak pairs per flow, interleaved (default 3)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=PARTS,
+        help="pairs: each flow's clean soaks beside its bare loop; nemesis: the soaks under the default "
+        "nemesis, the naive variant and the service (default: both, each in its own section)",
+    )
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs}: give 1 or more (3 shows the run-to-run spread)")
     ops = {"activemq": args.activemq_ops, "kafka": args.kafka_ops, "service": args.service_ops}
     for case in CASES:  # every soak is valid before any service starts
         case.build(ops[case.size], args.workers)
-    rows: list[list[object]] = []
-    bare: dict[str, float] = {}
+    parts = (args.only,) if args.only else PARTS
+    sections: dict[str, list[list[object]]] = {}
     with bench_stack() as endpoints:
-        for i, case in enumerate(CASES):
-            if case.size not in bare and case.size in ("activemq", "kafka"):
-                # Each flow's limit is measured right before its soaks: a million-record Kafka fill
-                # leaves the broker flushing for a while, which an ActiveMQ soak after it would pay.
-                got = _bare(case.size, ops[case.size], args.workers, endpoints)
-                bare[case.size] = got.ops_per_s
-                name = (
-                    f"ActiveMQ ({args.workers} processes)"
-                    if case.size == "activemq"
-                    else "Kafka (1 consumer, batch 500)"
-                )
-                rows.append([f"bare loop, {name}", f"{got.messages:,}", f"{got.seconds:.1f}", f"{got.ops_per_s:,.0f}"])
-                rows[-1] += ["-"] * 5 + ["the machine's limit"]
-            s = _soak(i, ops[case.size], args.workers, endpoints)
-            stats = s["stats"]
-            versus = f"{stats['ops_per_s'] / bare[case.size]:.0%} of the bare loop" if case.versus else ""
-            counts = ", ".join(f"{k}={v}" for k, v in s["counts"].items()) or "clean"
-            rows.append(
-                [
-                    case.label,
-                    f"{stats['submitted']:,}",
-                    f"{stats['wall_s']:.1f}",
-                    f"{stats['ops_per_s']:,.0f}",
-                    f"{stats['driving_rss_mb']:.0f} / {stats['driver_peak_rss_mb']:.0f}",
-                    f"{s['events']:,}",
-                    f"{s['inproc_s']:.1f}",
-                    f"{s['spark_s']:.1f} (job {s['spark_job_s']:.1f})" + ("" if s["spark_agrees"] else " DISAGREES"),
-                    f"{stats['windows']} windows, {stats['kills']} kills, {stats['crashes_armed']} arms",
-                    f"{counts}; {versus}".strip("; "),
-                ]
+        for flow in ("activemq", "kafka"):
+            # Each flow's limit is measured right before its soaks: a million-record Kafka fill
+            # leaves the broker flushing for a while, which an ActiveMQ soak after it would pay.
+            if "pairs" in parts:
+                sections.setdefault("pairs", []).extend(_pairs(flow, ops[flow], args.workers, args.pairs, endpoints))
+            if "nemesis" in parts:
+                for i, case in enumerate(CASES):
+                    if case.size == flow and not case.versus:
+                        sections.setdefault("nemesis", []).append(
+                            _soak_row(case, _soak(i, ops[flow], args.workers, endpoints))
+                        )
+        if "nemesis" in parts:
+            index = next(i for i, c in enumerate(CASES) if c.size == "service")
+            sections["nemesis"].append(_soak_row(CASES[index], _soak(index, ops["service"], args.workers, endpoints)))
+    sizes = f"--activemq-ops {args.activemq_ops} --kafka-ops {args.kafka_ops}"
+    for part, rows in sections.items():
+        text = table(HEADERS, rows)
+        console.print(text)
+        if args.no_write:
+            continue
+        if part == "pairs":
+            title = PAIRS_SECTION
+            command = f"txchaos bench soak --only pairs {sizes} --workers {args.workers} --pairs {args.pairs}"
+            what = (
+                "Each flow's clean path (`--nemesis none`) beside its bare loop (`harness.bench.bare`: the "
+                "same broker and database work per message without the harness), in interleaved pairs on "
+                "one stack in one run, so each soak stands beside the limit measured right before it. Soak "
+                "throughput is end to end, first submission to the in-process verdict; a bare loop's time "
+                "runs from the first message consumed to the last output."
             )
-    headers = ["run", "ops", "wall s", "ops/s (end to end)", "driver RSS MB (driving / peak)", "ledger events"]
-    headers += ["in-process verify s", "Spark verify s", "nemesis", "verdict; vs bare loop"]
-    text = table(headers, rows)
-    console.print(text)
-    if not args.no_write:
-        command = (
-            f"txchaos bench soak --activemq-ops {args.activemq_ops} --kafka-ops {args.kafka_ops} "
-            f"--service-ops {args.service_ops} --workers {args.workers}"
-        )
+        else:
+            title = NEMESIS_SECTION
+            command = (
+                f"txchaos bench soak --only nemesis {sizes} --service-ops {args.service_ops} --workers {args.workers}"
+            )
+            what = (
+                "The soaks under the default nemesis: the fixed ActiveMQ stage, its naive variant with its "
+                "anomaly counts, the Kafka inbox consumer, and a service with several instances. Throughput "
+                "is end to end, first submission to the in-process verdict."
+            )
         body = (
-            f"Command: `{command}` (one stack; every soak in a child process of its own). Soak "
-            "throughput is end to end, first submission to the in-process verdict; the bare loops "
-            "(`harness.bench.bare`) do the same broker and database work per message without the "
-            "harness, on the same stack in the same run, and their time runs from the first message "
-            "consumed to the last output. Verify columns re-verify the finished folder (Spark: "
-            f"`local[*]`, JVM start included).\n\n{text}\n\nRun folders: `reports/runs/` (`$TXCHAOS_REPORTS`)."
+            f"Command: `{command}` (one stack; every soak in a child process of its own). {what} Verify "
+            "columns re-verify the finished folder (in-process, then Spark `local[*]` with its JVM start)."
+            f"\n\n{text}\n\nRun folders: `reports/runs/` (`$TXCHAOS_REPORTS`)."
         )
-        console.print(f"written to {write_section('Soak runs against the bare loop (issue 32)', body)}")
+        console.print(f"written to {write_section(title, body)}")
     return 0
