@@ -33,8 +33,10 @@ class EffectTable:
     column: str = "op_id"
 
     def close(self, engine: db.Engine) -> None:
-        for op in db.column_values(engine, self.table, self.column):
-            self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=self.table)
+        rows = db.column_values(engine, self.table, self.column)
+        with self.ledger.batch():  # one write for the snapshot: a soak's table holds a million rows
+            for op in rows:
+                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=self.table)
         self.record.step(f"snapshot effect table {self.table}")
 
 
@@ -47,6 +49,8 @@ class UnsentOutbox:
     table: str
 
     def close(self, engine: db.Engine) -> None:
-        for op in db.column_values(engine, self.table, "op_id", where_null="sent_at"):
-            self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=self.table)
+        rows = db.column_values(engine, self.table, "op_id", where_null="sent_at")
+        with self.ledger.batch():
+            for op in rows:
+                self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=self.table)
         self.record.step(f"snapshot unrelayed rows of {self.table}")
