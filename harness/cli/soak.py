@@ -117,11 +117,11 @@ def show_soak(result: SoakResult) -> int:
         f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
-    from harness.soak.driver import witness_sample
+    from harness.soak.witnesses import nemesis_kills, witness_sample
 
-    for anomaly, witnesses in witness_sample(verdict).items():
+    for anomaly, witnesses in witness_sample(verdict, nemesis_kills(result.run_dir)).items():
         for w in witnesses:
-            during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window"
+            during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
             console.print(f"  {anomaly}: op {w['op']} during {during}")
     if stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")

@@ -29,12 +29,11 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
 from harness.soak.spec import Soak
+from harness.soak.witnesses import nemesis_kills, witness_sample
 from harness.stack.base import Endpoints
-from harness.verify.verdict import Verdict
 
 SUMMARY = "soak.json"
 PACE_LOG = "soak-progress.jsonl"
-WITNESSES_PER_CLASS = 5
 STALL_S = 20.0  # draining ends when nothing more came out for this long
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 # The protocol whose proxy a flow's broker faults open on, by transport.
@@ -309,30 +308,6 @@ def resident_mb() -> float:
     return pages * resource.getpagesize() / 1e6
 
 
-def witness_sample(verdict: Verdict, per_class: int = WITNESSES_PER_CLASS) -> dict[str, list[dict[str, Any]]]:
-    """Return up to ``per_class`` witnesses of each anomaly class, each with the fault windows that
-    overlapped its operation and the crashes (kills, freezes) in its chain."""
-    sample: dict[str, list[dict[str, Any]]] = {}
-    for w in verdict.witnesses:
-        picked = sample.setdefault(w.anomaly, [])
-        if len(picked) < per_class:
-            crashes = [
-                f"{(e.get('detail') or {}).get('action', 'kill')} at {e.get('point')} in {e.get('src')}"
-                for e in w.events
-                if e.get("kind") == "crash"
-            ]
-            picked.append(
-                {
-                    "op": w.op,
-                    "msg_ids": list(w.msg_ids),
-                    "summary": w.summary,
-                    "faults": list(w.faults),
-                    "crashes": crashes,
-                }
-            )
-    return sample
-
-
 def write_summary(result: SoakResult) -> Path:
     """Write ``soak.json``: the soak's parameters, stats, counts per class and a witness sample."""
     soak, verdict = result.soak, result.verdict
@@ -348,7 +323,7 @@ def write_summary(result: SoakResult) -> Path:
         "stats": {**asdict(result.stats), "ops_per_s": round(result.stats.ops_per_s, 1)},
         "outcome": verdict.outcome,
         "counts": verdict.found(),
-        "witnesses": witness_sample(verdict),
+        "witnesses": witness_sample(verdict, nemesis_kills(result.run_dir)),
     }
     path = result.run_dir / SUMMARY
     path.write_text(json.dumps(record, indent=1, default=str))

@@ -1,0 +1,70 @@
+"""A soak's witness sample names the nemesis kills of the workers an anomalous operation passed through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.ledger.reader import compact
+from harness.ledger.schema import Kind
+from harness.ledger.writer import LedgerWriter
+from harness.soak.witnesses import Kill, kills_during, nemesis_kills, witness_sample
+from harness.verify.verdict import Verdict, Witness
+
+
+def _event(ts: int, src: str, kind: Kind, **extra: Any) -> dict[str, Any]:
+    return {"ts_ns": ts, "src": src, "seq": ts, "kind": str(kind), "op": "op-1", **extra}
+
+
+# worker-1 commits the effect and is killed before the broker commit; worker-2 applies it again
+CHAIN = (
+    _event(5, "driver", Kind.SUBMIT),
+    _event(10, "worker-1", Kind.DELIVER),
+    _event(20, "worker-1", Kind.DB_COMMIT),
+    _event(40, "worker-2", Kind.DELIVER),
+    _event(45, "worker-2", Kind.DB_COMMIT),
+    _event(100, "driver", Kind.RESIDUE_EFFECT),  # the books at close: not part of the flight
+)
+DUPLICATE = Witness("duplicate-effect", "op-1", ("m-1",), {"effects": 2}, CHAIN)
+
+
+def test_a_kill_counts_when_it_hits_a_writer_of_the_operation_while_in_flight() -> None:
+    kills = [
+        Kill(30, "worker-1"),  # between worker-1's commit and the redelivery: the cause
+        Kill(30, "worker-3"),  # another worker: it never held the operation
+        Kill(2, "worker-1"),  # before the operation was submitted
+        Kill(60, "worker-2"),  # after its last event and before the snapshot at close
+    ]
+    assert kills_during(DUPLICATE, kills) == [Kill(30, "worker-1")]
+    assert kills_during(Witness("lost", "op-2", (), {}, ()), kills) == []
+
+
+def test_the_sample_lists_the_kill_beside_the_crashes_in_its_chain() -> None:
+    crash = _event(25, "worker-1", Kind.CRASH, point="after_db_commit", detail={"action": "kill"})
+    witness = Witness("duplicate-effect", "op-1", ("m-1",), {"effects": 2}, (*CHAIN, crash))
+    others = tuple(Witness("duplicate-effect", f"op-{i}", (), {}, ()) for i in range(2, 9))
+    verdict = Verdict({"duplicate-effect": 8}, (witness, *others), {}, "in-process")
+    sample = witness_sample(verdict, [Kill(30, "worker-1")], per_class=3)
+    assert [w["op"] for w in sample["duplicate-effect"]] == ["op-1", "op-2", "op-3"]
+    assert sample["duplicate-effect"][0]["crashes"] == [
+        "kill at after_db_commit in worker-1",
+        "kill of worker-1 (nemesis)",
+    ]
+    assert sample["duplicate-effect"][1]["crashes"] == []
+
+
+def test_the_kills_are_read_from_the_compacted_ledger(tmp_path: Path) -> None:
+    assert nemesis_kills(tmp_path) == ()  # no compacted ledger: nothing to read
+    driver = LedgerWriter(tmp_path / "ledger", "driver")
+    driver.emit(Kind.SUBMIT, op="op-1")
+    driver.emit(Kind.CRASH, point="kill", stage="s", worker="worker-1", action="kill")
+    worker = LedgerWriter(tmp_path / "ledger", "worker-0")
+    worker.emit(Kind.CRASH, op="op-1", point="after_db_commit", worker="worker-0", action="kill")  # a crash point
+    worker.emit(Kind.CRASH, point="poison", worker="worker-0")  # not a kill
+    driver.emit(Kind.CRASH, point="kill", stage="s", worker="instance-2", action="kill")
+    driver.close()
+    worker.close()
+    compact(tmp_path / "ledger")
+    kills = nemesis_kills(tmp_path)
+    assert [k.worker for k in kills] == ["worker-1", "instance-2"]
+    assert kills[0].ts_ns < kills[1].ts_ns
