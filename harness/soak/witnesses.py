@@ -17,9 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-
 from harness.ledger.layout import KIND_CODES
 from harness.ledger.reader import PARQUET_NAME
 from harness.ledger.schema import RESIDUE_KINDS, Kind
@@ -43,6 +40,9 @@ def nemesis_kills(run_dir: Path) -> tuple[Kill, ...]:
 
     Only ``kind_code`` is scanned for the filter: 0.3-0.6 s for the 8M events of a million-operation soak.
     """
+    import pyarrow.compute as pc  # here: pyarrow.dataset costs the driver 45 MB while it drives
+    import pyarrow.dataset as ds
+
     parquet = run_dir / "ledger" / PARQUET_NAME
     if not parquet.is_dir():
         return ()

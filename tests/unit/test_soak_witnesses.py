@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,10 @@ def test_the_kills_are_read_from_the_compacted_ledger(tmp_path: Path) -> None:
     kills = nemesis_kills(tmp_path)
     assert [k.worker for k in kills] == ["worker-1", "instance-2"]
     assert kills[0].ts_ns < kills[1].ts_ns
+
+
+def test_the_driver_does_not_load_pyarrow_dataset_while_it_drives() -> None:
+    """pyarrow.dataset is 45 MB of the driver's resident size: only the sample, after the run, loads it."""
+    code = "import sys, harness.soak.driver; print('pyarrow.dataset' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
