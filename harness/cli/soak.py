@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.cli.output import console
 from harness.errors import ConfigError
@@ -117,9 +117,11 @@ def show_soak(result: SoakResult) -> int:
         f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
-    from harness.soak.witnesses import nemesis_kills, witness_sample
+    from harness.soak.driver import SUMMARY
 
-    for anomaly, witnesses in witness_sample(verdict, nemesis_kills(result.run_dir)).items():
+    # the sample the driver wrote into soak.json: its kills were read from the ledger once, there
+    sample: dict[str, list[dict[str, Any]]] = json.loads((result.run_dir / SUMMARY).read_text())["witnesses"]
+    for anomaly, witnesses in sample.items():
         for w in witnesses:
             during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
             console.print(f"  {anomaly}: op {w['op']} during {during}")
