@@ -301,9 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         "`machines` (state machines per pattern), `kafka` (at-least-once consumer throughput), `traps` "
         "(wire traps), `services` (services under test: traps in the window, clean path, search), "
         "`bare` (the machine's limit: broker and database work without the harness), "
-        "`soak` (soaks beside the bare loops, verified by both engines)",
+        "`soak` (soaks beside the bare loops, verified by both engines), `journal` (the broker's journal "
+        "sync under kill -9: what turning it off would lose)",
     )
-    p.add_argument("what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak"))
+    p.add_argument(
+        "what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak", "journal")
+    )
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
 
