@@ -86,17 +86,20 @@ def kill_during_commits(ep: Endpoints, *, seconds: float, senders: int = SENDERS
     started = time.monotonic()
     for t in threads:
         t.start()
+    killed = False
     try:
         time.sleep(seconds)
         kill_service(ep, "activemq")
+        killed = True
         send_s = time.monotonic() - started
     finally:
         stop.set()
         for t in threads:
             t.join(30)
+        if killed:  # healing: the broker comes back whatever stops the trial
+            restart_s = restart_service(ep, "activemq")
     with lock:
         committed = set(done)
-    restart_s = restart_service(ep, "activemq")
     with StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0)) as client:
         found = {m.body for m in drain(client, [queue], idle_s=1.0, max_s=120)}
     return KillTrial(len(committed), tuple(sorted(committed - found)), send_s, restart_s)
