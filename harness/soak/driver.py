@@ -132,6 +132,10 @@ class _Driver:
         self.rss_mb = 0.0  # the largest resident size seen at a report, while driving
         self.skipped = 0  # arms due after the last submission, not applied
         self._out_seen, self._out_moved = -1, 0.0  # the last count out and when it last moved
+        # The broker the driver submits to: while a kill -9 of it is open, submitting waits (the
+        # driver could only block on a dead broker, and the heal that restarts it is this loop's).
+        self._broker = _BROKER_SERVICE.get(session.spec.flow.transport.removeprefix("service_"))
+        self.broker_down = False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -183,8 +187,11 @@ class _Driver:
         elif isinstance(step, Open | Freeze):
             self.open_faults.append(describe(step).removeprefix("open "))
             self.windows += 1
+            if isinstance(step, Open) and getattr(step.fault, "service", None) == self._broker:
+                self.broker_down = True
         elif isinstance(step, Heal):
             self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
+            self.broker_down = False
         elif isinstance(step, Thaw):
             self.open_faults = [f for f in self.open_faults if not f.startswith("freeze at")]
         elif isinstance(step, Kill):
@@ -196,7 +203,7 @@ class _Driver:
         while self.due and self.due[0].at_s <= now:
             self.apply(self.due.pop(0).step)
         want = self.target() - len(self.session.ops)
-        if want > 0 and self.submitting():
+        if want > 0 and self.submitting() and not self.broker_down:
             self.apply(Submit(min(want, 20_000)))
             self.last = time.monotonic()
         self.report(now)

@@ -6,6 +6,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,10 +18,12 @@ import sqlalchemy as sa
 from harness import faults
 from harness.bench.journal import kill_during_commits
 from harness.clients import db, kafka
-from harness.clients.activemq import StompClient
+from harness.clients.activemq import StompClient, drain
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
+from harness.faults.broker import kill_service, restart_service
 from harness.ledger.writer import LedgerWriter
+from harness.run.transports.activemq import ActiveMQTransport
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 from harness.stack.local_state import ServiceRecipe, tagged_pids
@@ -302,6 +305,45 @@ def test_activemq_kill9_loses_no_receipted_commit(own_stack: tuple[LocalProvider
         trial = kill_during_commits(ep, seconds=seconds)
         assert trial.committed > 0, "no commit was receipted before the kill: the trial tested nothing"
         assert trial.lost == (), f"receipted, then lost in a kill -9 after {trial.send_s:.1f} s: {trial.lost[:5]}"
+
+
+class _Folder:
+    """What the driver's transport records: a run id and its steps."""
+
+    def __init__(self) -> None:
+        self.run_id = f"t-{uuid.uuid4().hex[:8]}"
+        self.steps: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.steps.append(text)
+
+
+@pytest.mark.activemq
+def test_the_drivers_transport_sends_again_what_a_broker_kill_left_unconfirmed(
+    own_stack: tuple[LocalProvider, Endpoints],
+) -> None:
+    """A soak's broker kill -9 between the driver's sends and their confirmation must not turn into
+    messages the ledger says were submitted and the broker never held: the flush waits for the
+    restart and sends them again."""
+    _, ep = own_stack
+    q = f"txchaos.resend.{uuid.uuid4().hex[:8]}"
+    folder = _Folder()
+    transport = ActiveMQTransport(ep.stomp, folder)
+    bodies = [f"m-{i}" for i in range(50)]
+    for body in bodies:
+        transport.send(q, body, key=body, headers={})
+    kill_service(ep, "activemq")
+    restarter = threading.Timer(1.0, restart_service, args=(ep, "activemq"))
+    restarter.start()
+    try:
+        transport.flush()  # the broker is down: waits for it, sends all 50 again, confirms them
+    finally:
+        restarter.join()
+        transport.release()
+    assert folder.steps == ["sent 50 unconfirmed message(s) again: the broker connection was lost"]
+    with StompClient(ep.stomp.host, ep.stomp.port, heartbeats=(0, 0)) as c:
+        got = [m.body for m in drain(c, [q], idle_s=1.0)]
+    assert set(got) == set(bodies)  # some twice: stored before the kill and sent again
 
 
 def test_postgres_kill9_keeps_a_committed_row(own_stack: tuple[LocalProvider, Endpoints]) -> None:

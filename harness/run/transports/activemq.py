@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from harness.clients.activemq import StompClient
@@ -9,12 +10,19 @@ from harness.errors import HarnessError
 from harness.run.transports.base import RunRecord
 from harness.stack.base import Endpoint
 
+RECONNECT_S = 120.0  # how long a lost broker may take to answer again (a restart takes seconds)
+RETRY_S = 0.5
+
 
 class ActiveMQTransport:
     """The driver's STOMP connection; queues exist once used, so ``create`` only connects.
 
-    A connection lost meanwhile (a broker restart) is opened again once per send: a message
-    already sent stays sent.
+    A send is confirmed only by the next ``flush`` (the broker's RECEIPT for an empty transaction's
+    ABORT), so the transport keeps the sends since then. When the broker goes away before it
+    confirms them (a nemesis kill -9 and restart), it waits for the broker to answer again, sends
+    them all once more and confirms them: the ledger holds a SUBMIT for each, and a message the
+    broker never stored must not read as lost by the system under test. A resend is a step of the
+    run; a message stored twice reaches the flow twice, as a redelivery would.
     """
 
     name = "activemq"
@@ -22,6 +30,7 @@ class ActiveMQTransport:
     def __init__(self, stomp: Endpoint, folder: RunRecord) -> None:
         self.stomp, self.folder = stomp, folder
         self._client: StompClient | None = None
+        self._unconfirmed: list[tuple[str, str, dict[str, str]]] = []
 
     def create(self, destinations: list[str]) -> None:
         """Open the driver's connection (ActiveMQ makes a queue when it is first used)."""
@@ -36,17 +45,44 @@ class ActiveMQTransport:
         return self._client
 
     def send(self, destination: str, body: str | None, *, key: str, headers: Mapping[str, str]) -> None:
-        """Send one persistent message to the queue ``destination``."""
+        """Send one persistent message to the queue ``destination`` (confirmed by the next ``flush``)."""
+        message = (destination, body or "", dict(headers))
+        self._unconfirmed.append(message)
         try:
-            self.client().send(destination, body or "", headers=dict(headers))
+            self.client().send(message[0], message[1], headers=message[2])
         except HarnessError:
-            self.release()  # the broker went away (a restart): one new connection, then fail
-            self.client().send(destination, body or "", headers=dict(headers))
+            self._resend()
 
     def flush(self) -> None:
         """An empty transaction's ABORT receipt proves the broker has taken every SEND before it."""
-        client = self.client()
-        client.abort(client.begin())
+        try:
+            client = self.client()
+            client.abort(client.begin())
+        except HarnessError:
+            self._resend()
+        self._unconfirmed.clear()
+
+    def _resend(self) -> None:
+        """Wait for the broker to answer again, then send every unconfirmed message again and confirm them."""
+        deadline = time.monotonic() + RECONNECT_S
+        while True:
+            self.release()
+            try:
+                client = self.client()
+                for destination, body, headers in self._unconfirmed:
+                    client.send(destination, body, headers=headers)
+                client.abort(client.begin())
+                break
+            except HarnessError as exc:
+                if time.monotonic() > deadline:
+                    raise HarnessError(
+                        f"the broker at {self.stomp.host}:{self.stomp.port} did not take the driver's "
+                        f"{len(self._unconfirmed)} unconfirmed message(s) back within {RECONNECT_S:g}s: {exc}",
+                        hint="is the broker up (`txchaos status`)? A broker restart of the nemesis takes seconds",
+                    ) from exc
+                time.sleep(RETRY_S)
+        self.folder.step(f"sent {len(self._unconfirmed)} unconfirmed message(s) again: the broker connection was lost")
+        self._unconfirmed.clear()
 
     def release(self) -> None:
         """Close the driver's connection."""
