@@ -134,7 +134,7 @@ class _Driver:
         self._out_seen, self._out_moved = -1, 0.0  # the last count out and when it last moved
         # The broker the driver submits to: while a kill -9 of it is open, submitting waits (the
         # driver could only block on a dead broker, and the heal that restarts it is this loop's).
-        self._broker = _BROKER_SERVICE.get(session.spec.flow.transport.removeprefix("service_"))
+        self._broker = _BROKER_SERVICE.get(soak.scenario.flow.transport.removeprefix("service_"))
         self.broker_down = False
 
     def elapsed(self) -> float:
