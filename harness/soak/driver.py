@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.faults import KillBroker
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
@@ -88,6 +89,11 @@ def soak_spec(soak: Soak) -> ScenarioSpec:
     return replace(base, **fields)
 
 
+def _broker_of(spec: ScenarioSpec) -> str | None:
+    """Return the service a "broker" kill of ``spec``'s flow stops, when its transport names one."""
+    return _BROKER_SERVICE.get(spec.flow.transport.removeprefix("service_"))
+
+
 def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     """Return the soak's schedule: the one it was given, or one drawn from its kinds and seed."""
     if isinstance(soak.nemesis, Schedule):
@@ -105,7 +111,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
         seed=soak.seed,
         length_s=length,
         targets=targets,
-        broker=_BROKER_SERVICE.get(transport, "activemq"),
+        broker=_broker_of(spec) or "activemq",
         instances=instances,
         points=points if spec.service is None else (),
         pace=soak.pace,
@@ -134,7 +140,7 @@ class _Driver:
         self._out_seen, self._out_moved = -1, 0.0  # the last count out and when it last moved
         # The broker the driver submits to: while a kill -9 of it is open, submitting waits (the
         # driver could only block on a dead broker, and the heal that restarts it is this loop's).
-        self._broker = _BROKER_SERVICE.get(soak.scenario.flow.transport.removeprefix("service_"))
+        self._broker = _broker_of(soak.scenario)
         self.broker_down = False
 
     def elapsed(self) -> float:
@@ -187,7 +193,7 @@ class _Driver:
         elif isinstance(step, Open | Freeze):
             self.open_faults.append(describe(step).removeprefix("open "))
             self.windows += 1
-            if isinstance(step, Open) and getattr(step.fault, "service", None) == self._broker:
+            if isinstance(step, Open) and isinstance(step.fault, KillBroker) and step.fault.service == self._broker:
                 self.broker_down = True
         elif isinstance(step, Heal):
             self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
