@@ -125,7 +125,10 @@ def show_soak(result: SoakResult) -> int:
         for w in witnesses:
             during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
             console.print(f"  {anomaly}: op {w['op']} during {during}")
-    if stats.interrupted:
+    if stats.error:
+        console.print(f"[red]  {stats.error}[/]")
+        console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")
+    elif stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:
         console.print(f"  again: txchaos soak ... --nemesis {result.run_dir / 'nemesis.json'}")

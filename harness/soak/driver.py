@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from harness.stack.base import Endpoints
 
 SUMMARY = "soak.json"
 PACE_LOG = "soak-progress.jsonl"
+DRIVER_ERROR = "driver-error.txt"  # the traceback of what stopped the driver, when something did
 STALL_S = 20.0  # draining ends when nothing more came out for this long
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 # The protocol whose proxy a flow's broker faults open on, by transport.
@@ -58,7 +60,8 @@ class SoakStats:
     wall_s: float  # first submission to verdict: what ops_per_s divides by
     driver_peak_rss_mb: float  # the whole command: the closing compaction and verdict included
     driving_rss_mb: float  # the most the driver held while it submitted and the nemesis ran
-    interrupted: bool
+    interrupted: bool  # by Ctrl-C, SIGTERM or an error (``error``)
+    error: str = ""  # what stopped the driver early: the verdict is incomplete and says so
 
     @property
     def ops_per_s(self) -> float:
@@ -142,6 +145,7 @@ class _Driver:
         # driver could only block on a dead broker, and the heal that restarts it is this loop's).
         self._broker = _broker_of(soak.scenario)
         self.broker_down = False
+        self.error = ""  # what stopped the driver before its length, when an error did
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -260,6 +264,18 @@ class _Driver:
         except KeyboardInterrupt:
             self.progress("interrupted: healing, quiescence, closing the books")
             return True
+        except Exception as exc:  # whatever stopped the driver: the faults are healed, the books closed
+            # An hour of soak is not thrown away for one failed step, and not judged as if it had
+            # run as scheduled either: the folder records why, so its verdict is incomplete (exit 4)
+            # now and whenever it is verified again, and the traceback is kept beside it.
+            self.error = f"the soak's driver stopped on {type(exc).__name__}: {exc}"
+            trace = "".join(traceback.format_exception(exc))
+            (Path(self.session.folder.path) / DRIVER_ERROR).write_text(trace)
+            self.session.folder.doubt(
+                f"{self.error} ({DRIVER_ERROR}); operations it submitted may not all have reached the flow"
+            )
+            self.progress(f"{self.error}: healing, quiescence, closing the books")
+            return True
         return False
 
     def finish(self) -> None:
@@ -306,6 +322,7 @@ def run_soak(
         driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         driving_rss_mb=round(driver.rss_mb, 1),
         interrupted=interrupted,
+        error=driver.error,
     )
     soaked = SoakResult(result.run_dir, result.verdict, result.spec, soak, schedule, stats)
     write_summary(soaked)

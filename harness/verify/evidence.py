@@ -30,6 +30,7 @@ class Evidence:
     why_open: str = ""
     damaged_lines: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    doubts: tuple[str, ...] = ()  # what the run itself said it could not vouch for (manifest "doubts")
 
     @property
     def intact(self) -> bool:
@@ -38,6 +39,7 @@ class Evidence:
     def gaps(self) -> tuple[str, ...]:
         """Return why the folder cannot give a full verdict (empty: it can)."""
         out = [] if self.closed else [self.why_open]
+        out.extend(self.doubts)
         if self.damaged_lines:
             n = sum(self.damaged_lines.values())
             segs = ", ".join(f"{s} ({k})" for s, k in sorted(self.damaged_lines.items()))
@@ -96,4 +98,14 @@ def gather(run_dir: Path) -> Evidence:
     else:
         damage = segment_damage(ledger)
     closed, why = books_closed(run_dir)
-    return Evidence(closed, why, damage, tuple(notes))
+    return Evidence(closed, why, damage, tuple(notes), run_doubts(run_dir))
+
+
+def run_doubts(run_dir: Path) -> tuple[str, ...]:
+    """Return what the run recorded that it could not vouch for (``RunFolder.doubt``), in order."""
+    try:
+        meta = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return ()  # no manifest, or one books_closed already names as unreadable
+    doubts = meta.get("doubts", []) if isinstance(meta, dict) else []
+    return tuple(str(d) for d in doubts) if isinstance(doubts, list) else (f"manifest doubts: {doubts!r}",)

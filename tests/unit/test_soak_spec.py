@@ -128,6 +128,10 @@ def test_the_closed_loop_window_and_the_length() -> None:
 class _Folder:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.doubts: list[str] = []
+
+    def doubt(self, why: str) -> None:
+        self.doubts.append(why)
 
 
 class _Session:
@@ -208,3 +212,30 @@ def test_progress_lines_come_at_their_own_pace_and_the_pace_log_each_second(tmp_
     driver._pace.close()
     assert [line.split()[0] for line in lines] == ["0s", "10s", "20s", "25s"]
     assert len((tmp_path / PACE_LOG).read_text().splitlines()) == 26
+
+
+def test_a_driver_stopped_by_an_error_says_so_and_leaves_the_closing_to_the_soak(tmp_path: Path) -> None:
+    """A failed step ends the loop like Ctrl-C (heal, close the books), and the folder doubts the verdict."""
+    from harness.errors import HarnessError
+    from harness.soak.driver import DRIVER_ERROR, _Driver
+
+    class _Failing(_Session):
+        def apply(self, step: object) -> None:
+            if len(self.applied) == 2:
+                raise HarnessError("no RECEIPT for COMMIT in 10.0s", hint="is the broker up?")
+            super().apply(step)
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    session = _Failing(tmp_path)
+    lines: list[str] = []
+    driver = _Driver(Soak(spec, ops=1000, rate=100, tick_s=0.01), session, Schedule(("latency",), 0, ()), lines.append)  # type: ignore[arg-type]
+    assert driver.run() is True
+    assert len(session.applied) == 2
+    assert driver.error.startswith("the soak's driver stopped on HarnessError: no RECEIPT for COMMIT in 10.0s")
+    assert "is the broker up?" in driver.error  # the error's remedy travels with it
+    assert session.folder.doubts == [
+        f"{driver.error} ({DRIVER_ERROR}); operations it submitted may not all have reached the flow"
+    ]
+    assert "Traceback" in (tmp_path / DRIVER_ERROR).read_text()
+    assert lines[-1].startswith(driver.error)
+    driver._pace.close()

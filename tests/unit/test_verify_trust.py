@@ -128,6 +128,21 @@ def test_closed_books_give_the_full_verdict(tmp_path: Path, capsys: Any) -> None
     assert "ANOMALIES: duplicate-effect=1 [op-07]" in capsys.readouterr().out
 
 
+def test_a_run_that_doubts_its_evidence_verifies_incomplete_naming_why(tmp_path: Path, capsys: Any) -> None:
+    """A soak whose driver stopped on an error closes its books, but its verdict may not read as full."""
+    run = _run(tmp_path / "run", snapshot=True)
+    _manifest(run, complete=False)
+    folder = RunFolder(run, manifest=json.loads((run / "manifest.json").read_text()))
+    folder.doubt("the soak's driver stopped on HarnessError: no RECEIPT")
+    folder.close_books()
+    assert verify_main([str(run), "--engine", "in-process"]) == EXIT_INCOMPLETE
+    verdict = Verdict.load(run / "verdict.json")
+    assert verdict.outcome == "incomplete"
+    assert verdict.incomplete == ("the soak's driver stopped on HarnessError: no RECEIPT",)
+    assert verdict.ops("duplicate-effect") == {DUP}  # what it found, it still names
+    assert capsys.readouterr().out.startswith("INCOMPLETE: the soak's driver stopped on HarnessError")
+
+
 def test_judged_rules_keep_only_what_partial_evidence_can_prove() -> None:
     contract = FlowContract(per_key=True)
     assert judged_rules(contract) == rules(contract)
@@ -317,11 +332,13 @@ def test_verify_refuses_a_master_that_does_not_answer(tmp_path: Path, capsys: An
 
 # -- both engines: the same verdict on incomplete and damaged folders ------------------------
 @pytest.mark.spark
-@pytest.mark.parametrize("case", ["interrupted", "torn", "damaged-part"])
+@pytest.mark.parametrize("case", ["interrupted", "torn", "damaged-part", "doubted"])
 def test_engines_agree_on_incomplete_and_damaged_folders(case: str, spark_engine: Any, tmp_path: Path) -> None:
     spark, session = spark_engine
     run = _run(tmp_path / "run", snapshot=case != "interrupted")
     _manifest(run, complete=case != "interrupted")
+    if case == "doubted":
+        RunFolder(run, manifest=json.loads((run / "manifest.json").read_text())).doubt("the driver stopped")
     if case == "torn":
         _tear(next((run / "ledger" / "segments").glob("worker-0-*.jsonl")))
     compact(run / "ledger")
@@ -330,7 +347,8 @@ def test_engines_agree_on_incomplete_and_damaged_folders(case: str, spark_engine
     remote = spark.check_run(run, FlowContract(), spark=session)  # rebuilds the part first: no Java trace
     local = checker.check_run(run, FlowContract())
     assert compare_verdicts(local, remote) == []
-    expected = {"interrupted": "incomplete", "torn": "incomplete", "damaged-part": "anomalies"}[case]
+    expected = {"interrupted": "incomplete", "torn": "incomplete", "damaged-part": "anomalies", "doubted": "incomplete"}
+    expected = expected[case]
     assert remote.outcome == local.outcome == expected
     assert remote.anomalies["lost"] == 0
     if case == "damaged-part":

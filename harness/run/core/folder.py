@@ -87,6 +87,13 @@ class RunFolder:
         self.manifest["books_closed"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 
+    def doubt(self, why: str) -> None:
+        """Record why this run's evidence cannot be trusted in full (the driver stopped on an error):
+        its verdict is ``incomplete`` with ``why`` among its reasons, now and whenever it is verified again."""
+        with self._lock:
+            self.manifest.setdefault("doubts", []).append(why)
+            self.save()
+
     def finish(self, endpoints: Endpoints, **extra: Any) -> None:
         self.manifest["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.manifest.update(extra)
