@@ -28,11 +28,21 @@ class Supervised(Protocol):
     def stage(self) -> str: ...
 
 
+# A process that ends sooner than this after it started counts towards its restart backoff.
+QUICK_EXIT_S = 2.0
+BACKOFF_MAX_S = 1.0  # the longest a process waits to be started again
+
+
 class WorkerPool:
     """Keep ``specs`` running as OS processes until ``stop``; restarts are recorded in the ledger.
 
     Workers are forked from a pre-imported interpreter (``harness.run.processes.standby``), so a restart
     after a crash costs ~25 ms, not the third of a second of a cold start.
+
+    A process is started again ``restart_delay`` after it ends, doubled for each exit in a row that
+    came less than ``QUICK_EXIT_S`` after its start, up to ``BACKOFF_MAX_S``: a crash point or a
+    nemesis kill is answered at once, while workers that cannot reach a killed broker or database
+    are not forked dozens of times a second, on the cores that broker needs to come back.
     """
 
     def __init__(
@@ -44,6 +54,9 @@ class WorkerPool:
         self.restart_delay = restart_delay
         self.procs: dict[str, Managed] = {}
         self.restarts = 0
+        self._born: dict[str, float] = {}  # when each process was last started (monotonic)
+        self._streak: dict[str, int] = {}  # quick exits in a row, per process
+        self._due: dict[str, float] = {}  # processes waiting out their backoff: when each starts again
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._monitor, name="worker-monitor", daemon=True)
@@ -99,6 +112,16 @@ class WorkerPool:
         replaced, and a step aimed at it (a pause) must reach the replacement. Return whether it runs."""
         return poll_until(lambda: self.procs[name].alive(), deadline=deadline_in(timeout_s), every_s=0.05)
 
+    def backoff(self, name: str, ended: float) -> float:
+        """Return how long to wait before starting ``name`` again, which ended at ``ended``."""
+        quick = ended - self._born.get(name, ended) < QUICK_EXIT_S
+        streak = self._streak[name] = self._streak.get(name, 0) + 1 if quick else 0
+        return min(BACKOFF_MAX_S, self.restart_delay * 2.0 ** max(0, streak - 1))
+
+    def _start(self, spec: Supervised) -> None:
+        self._born[spec.name] = time.monotonic()
+        self._spawn(spec)
+
     def _spawn(self, spec: Supervised) -> None:
         assert isinstance(spec, WorkerSpec)
         spec_path = spec.write(self.run_dir / "workers" / f"{spec.name}.json")
@@ -112,23 +135,31 @@ class WorkerPool:
     def _monitor(self) -> None:
         (self.run_dir / "workers").mkdir(parents=True, exist_ok=True)
         for spec in self.specs:
-            self._spawn(spec)
+            self._start(spec)
         self._ready.set()
         while not self._stopping.is_set():
             self._tick()
             for spec in self.specs:
-                proc = self.procs[spec.name]
-                code = proc.popen.poll()
-                if code is None or self._stopping.is_set():
+                name = spec.name
+                if self._stopping.is_set():
+                    break
+                if name in self._due:  # waiting out its backoff; the others are looked after meanwhile
+                    if time.monotonic() >= self._due[name]:
+                        del self._due[name]
+                        self.restarts += 1
+                        self._start(spec)
                     continue
+                proc = self.procs[name]
+                code = proc.popen.poll()
+                if code is None:
+                    continue
+                ended = time.monotonic()
                 sig = signal.Signals(-code).name if code < 0 else None
                 self._exited(spec, code, sig)
                 proc.record.unlink(missing_ok=True)
-                self._ready_path(spec.name).unlink(missing_ok=True)
-                time.sleep(self.restart_delay)
-                self.restarts += 1
-                self._spawn(spec)
-            self._stopping.wait(0.02)
+                self._ready_path(name).unlink(missing_ok=True)
+                self._due[name] = ended + self.backoff(name, ended)
+            self._stopping.wait(0.01)
         for proc in self.procs.values():
             # At quiescence a graceful stop protects nothing: a message still in flight goes back to
             # the queue either way and is drained as residue. SIGKILL saves ~0.3 s per run.

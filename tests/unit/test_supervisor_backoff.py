@@ -1,0 +1,47 @@
+"""The worker pool's restart backoff: at once after a crash, slower for a process that keeps ending."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.run.processes.supervisor import BACKOFF_MAX_S, QUICK_EXIT_S, WorkerPool
+
+
+def _pool(tmp_path: Path) -> WorkerPool:
+    return WorkerPool([], tmp_path, ledger=None, restart_delay=0.01)  # type: ignore[arg-type]
+
+
+def test_a_process_that_ran_a_while_is_started_again_at_once(tmp_path: Path) -> None:
+    pool = _pool(tmp_path)
+    pool._born["w0"] = 100.0
+    assert pool.backoff("w0", 100.0 + QUICK_EXIT_S + 5) == pytest.approx(0.01)  # a crash point, a nemesis kill
+    pool._born["w0"] = 200.0
+    assert pool.backoff("w0", 200.0 + QUICK_EXIT_S + 1) == pytest.approx(0.01)
+
+
+def test_quick_exits_in_a_row_double_the_wait_up_to_the_cap_and_a_long_life_resets_it(tmp_path: Path) -> None:
+    """A worker that cannot reach a killed broker ends right after each start: 1, 2, 4... times the delay."""
+    pool = _pool(tmp_path)
+    waits = []
+    now = 0.0
+    for _ in range(10):
+        pool._born["w0"] = now
+        now += 0.05  # ended 50 ms after its start
+        waits.append(pool.backoff("w0", now))
+        now += waits[-1]
+    assert waits[:5] == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.16])
+    assert waits[-1] == BACKOFF_MAX_S
+    assert max(waits) == BACKOFF_MAX_S
+    pool._born["w0"] = now
+    assert pool.backoff("w0", now + QUICK_EXIT_S + 0.1) == pytest.approx(0.01)  # it served: back to at once
+
+
+def test_each_process_has_its_own_streak(tmp_path: Path) -> None:
+    pool = _pool(tmp_path)
+    for name in ("w0", "w0", "w0", "w1"):
+        pool._born[name] = 0.0
+        wait = pool.backoff(name, 0.1)
+    assert wait == pytest.approx(0.01)  # w1's first quick exit
+    assert pool._streak == {"w0": 3, "w1": 1}
