@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import queue
 import socket
 import threading
@@ -23,6 +24,12 @@ import stomp
 from stomp.exception import StompException
 
 from harness.errors import HarnessError
+
+# stomp.py logs each refused connect attempt as a warning; with no logging configured, Python prints
+# those on stderr, in the middle of a soak's progress while the nemesis has the broker down. This
+# client retries and raises a HarnessError that says what failed, so the library's own lines go to a
+# null handler (a program that configures logging still gets them through propagation).
+logging.getLogger("stomp.py").addHandler(logging.NullHandler())
 
 # Workers (the system under test) beat every second so a hung one is dropped (BROKER_FACTS.md).
 # The harness's own connections pass heartbeats=(0, 0): on a starved 2-core machine a missed
