@@ -49,12 +49,23 @@ class Endpoints:
     dtm: Endpoint | None = None
     # ActiveMQ's OpenWire connector (JMS clients); None in an endpoints.json written before it.
     openwire: Endpoint | None = None
+    # Kafka's INTERNAL listener on the broker's host: it advertises itself, so a client bootstrapped
+    # there never reaches the proxy (``kafka.direct()`` would: metadata names the proxy). None in an
+    # endpoints.json written before it.
+    kafka_direct_port: int | None = None
 
     @property
     def postgres_url(self) -> str:
         """SQLAlchemy URL for Postgres through its proxy."""
         p = self.postgres
         return f"postgresql+psycopg://{self.db_user}:{self.db_password}@{p.host}:{p.port}/{self.db_name}"
+
+    def kafka_bootstrap(self, *, direct: bool = False) -> str:
+        """Return Kafka's bootstrap address: through its proxy, or ``direct`` (the harness's own
+        clients during a soak's nemesis) on the listener whose metadata skips the proxy too."""
+        if direct and self.kafka_direct_port is not None:
+            return f"{self.kafka.upstream_host}:{self.kafka_direct_port}"
+        return self.kafka.address
 
     @property
     def dtm_url(self) -> str:

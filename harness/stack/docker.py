@@ -64,6 +64,7 @@ def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_
         db_password=db_password,
         db_name=topo.DB_NAME,
         state_dir=str(state_dir),
+        kafka_direct_port=topo.KAFKA_INTERNAL_PORT,
     )
 
 

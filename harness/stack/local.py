@@ -169,6 +169,7 @@ class LocalProvider:
             db_password=self.db_password,
             db_name=topology.DB_NAME,
             state_dir=str(self.state_dir),
+            kafka_direct_port=p.kafka_internal,
         )
 
     def _wait_one(self, service: str, ep: Endpoints) -> float:

@@ -24,6 +24,7 @@ from harness.errors import HarnessError
 from harness.faults.broker import kill_service, restart_service
 from harness.ledger.writer import LedgerWriter
 from harness.run.transports.activemq import ActiveMQTransport
+from harness.run.transports.kafka import KafkaTransport
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 from harness.stack.local_state import ServiceRecipe, tagged_pids
@@ -376,6 +377,31 @@ def test_kafka_kill9_keeps_acknowledged_records(own_stack: tuple[LocalProvider, 
         assert not kafka.broker_ready(ep.kafka.address, 1.0)
     log.info("kafka restart: %.2f s", fault.restart_s or -1)
     assert sorted(kafka.consume_all(ep.kafka.address, topic, expect=10)) == sorted(values)
+
+
+@pytest.mark.kafka
+def test_a_soaks_kafka_clients_skip_the_proxy_its_nemesis_partitions(txchaos_stack: Endpoints) -> None:
+    """A soak's driver produces and its sink reads on Kafka's self-advertising listener: a partition
+    of Kafka's proxy (a fault for the flow) must not stop its submissions. Through the proxy's
+    listener the flush would wait out the partition and fail (issue 32: a soak died that way)."""
+    ep = txchaos_stack
+    direct = ep.kafka_bootstrap(direct=True)
+    assert direct != ep.kafka.address
+    topic = f"txchaos.direct.{uuid.uuid4().hex[:8]}"
+    transport = KafkaTransport(direct, _Folder(), partitions=1)
+    transport.create([topic])
+    try:
+        with faults.active(faults.Partition().on("kafka", ep)):
+            started = time.monotonic()
+            for i in range(50):
+                transport.send(topic, f"m-{i}", key=f"k{i}", headers={})
+            transport.flush()
+            took = time.monotonic() - started
+            got = kafka.read_visible(direct, topic)
+    finally:
+        transport.release()
+    assert took < 10, f"the flush took {took:.1f}s: it went through the partitioned proxy"
+    assert sorted(r.value for r in got) == sorted(f"m-{i}".encode() for i in range(50))
 
 
 def test_stop_stops_a_restarted_service(own_stack: tuple[LocalProvider, Endpoints]) -> None:

@@ -22,6 +22,7 @@ import yaml
 from harness.errors import ConfigError
 from harness.stack import bootstrap, docker_engine, docker_images, local_recipes
 from harness.stack import topology as topo
+from harness.stack.base import Endpoints
 from harness.stack.docker import PUBLISHED_HOST, compose_endpoints, compose_topology_errors, owner_role_sql
 from harness.stack.docker_project import COMPOSE_FILE, OWNER_LABEL, STACK_LABEL, docker_available
 
@@ -170,6 +171,22 @@ def test_endpoints_are_the_proxy_side(tmp_path: Path) -> None:
     assert ep.toxiproxy_api == f"http://{PUBLISHED_HOST}:{topo.TOXIPROXY.port}"
     assert ep.postgres_url.endswith(f"txchaos:s3cret@{PUBLISHED_HOST}:15432/txchaos")
     assert ep.openwire_url == f"tcp://{PUBLISHED_HOST}:16616"
+
+
+def test_the_harness_own_kafka_clients_can_skip_the_proxy_on_the_listener_that_advertises_itself(
+    tmp_path: Path,
+) -> None:
+    """The EXTERNAL listener advertises the proxy, so only the INTERNAL one keeps a client off it."""
+    ep = compose_endpoints("txchaos", tmp_path, "s3cret")
+    assert ep.kafka_bootstrap() == ep.kafka.address == f"{PUBLISHED_HOST}:{topo.proxy_for('kafka').listen_port}"
+    assert ep.kafka_bootstrap(direct=True) == f"127.0.0.1:{topo.KAFKA_INTERNAL_PORT}"
+    props = docker_images.kafka_properties()
+    assert f"INTERNAL://127.0.0.1:{topo.KAFKA_INTERNAL_PORT}" in props.split("advertised.listeners=")[1].splitlines()[0]
+    again = Endpoints.from_json(ep.to_json())
+    assert again.kafka_bootstrap(direct=True) == ep.kafka_bootstrap(direct=True)
+    older = json.loads(ep.to_json())
+    del older["kafka_direct_port"]  # an endpoints.json written before the field: the proxy, as then
+    assert Endpoints.from_json(json.dumps(older)).kafka_bootstrap(direct=True) == ep.kafka.address
 
 
 def test_owner_role_sql_makes_a_non_superuser_and_refuses_quotes() -> None:

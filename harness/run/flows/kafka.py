@@ -44,7 +44,9 @@ class Topics(SinkTopology):
     def __init__(self, session: SessionView) -> None:
         self.session = session
         self.opts = session.spec.settings_as(KafkaStageOptions)
-        self.bootstrap = session.endpoints.kafka.address
+        # The harness's own clients (submissions, the sink, backlog probes); a soak's skip the proxy
+        # like the ActiveMQ flow's, or its nemesis would fault the driver instead of the flow.
+        self.bootstrap = session.endpoints.kafka_bootstrap(direct=session.bypass_faults)
         ns = session.ns
         self.input_topic, self.output_topic = f"{ns}.in", f"{ns}.out"
         self.input_dest = self.input_topic

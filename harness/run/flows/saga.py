@@ -68,7 +68,9 @@ class SagaTopics:
         self.session = session
         settings = session.spec.settings_as(SagaSettings)
         self.saga, self.kopts = settings.saga, settings.kafka
-        self.bootstrap = session.endpoints.kafka.address
+        # The harness's own clients (submissions, the sink, backlog probes); a soak's skip the proxy
+        # like the ActiveMQ flow's, or its nemesis would fault the driver instead of the flow.
+        self.bootstrap = session.endpoints.kafka_bootstrap(direct=session.bypass_faults)
         ns = session.ns
         self.group = f"{ns}.group"
         self.inbox, self.payment_topic, self.seat_topic = f"{ns}.saga", f"{ns}.payment", f"{ns}.seat"
