@@ -8,8 +8,8 @@ process of its own, so its driver's peak RSS is its own; each soak's ledger is t
 by the in-process engine and by Spark (``local[*]``), timed. Soak throughput is end to end: first
 submission to the verdict.
 
-    txchaos bench soak [--activemq-ops 20000] [--kafka-ops 200000] [--service-ops 5000] [--workers 4]
-                       [--pairs 3] [--only pairs|nemesis] [--no-write]
+    txchaos bench soak [--activemq-ops 20000] [--naive-ops N] [--kafka-ops 200000] [--service-ops 5000]
+                       [--workers 4] [--pairs 3] [--only pairs|nemesis] [--no-write]
 """
 
 from __future__ import annotations
@@ -51,8 +51,13 @@ class Case:
 
     label: str
     build: Callable[[int, int], Soak]  # (ops, workers) -> Soak
-    size: str  # "activemq", "kafka" or "service": which --*-ops sets its size
+    size: str  # "activemq", "kafka" or "service": its flow, and which --*-ops sets its size
     versus: bool = False  # the clean path: compared with its flow's bare loop
+    sized: str = ""  # another --*-ops that sets its size ("naive")
+
+    @property
+    def ops_key(self) -> str:
+        return self.sized or self.size
 
 
 def _onepc(variant: str, nemesis: tuple[str, ...]) -> Callable[[int, int], Soak]:
@@ -84,7 +89,7 @@ CASES = (
         _onepc("check-then-skip-locked", DEFAULT),
         "activemq",
     ),
-    Case("ActiveMQ 1PC stage `naive`, default nemesis", _onepc("naive", DEFAULT), "activemq"),
+    Case("ActiveMQ 1PC stage `naive`, default nemesis", _onepc("naive", DEFAULT), "activemq", sized="naive"),
     Case("Kafka inbox consumer (batch 500, 3 partitions), `--nemesis none`", _kafka(()), "kafka", True),
     Case("Kafka inbox consumer (batch 500, 3 partitions), default nemesis", _kafka(DEFAULT), "kafka"),
     Case("service `py-fixed` (instances behind trap proxies), default nemesis", _service, "service"),
@@ -204,6 +209,9 @@ PARTS = ("pairs", "nemesis")
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser("soak")
     parser.add_argument("--activemq-ops", type=int, default=20_000)
+    parser.add_argument(
+        "--naive-ops", type=int, help="the naive variant's soak (default: --activemq-ops; its anomalies show early)"
+    )
     parser.add_argument("--kafka-ops", type=int, default=200_000)
     parser.add_argument("--service-ops", type=int, default=5_000)
     parser.add_argument("--workers", type=int, default=4, help="ActiveMQ workers (and bare-loop processes)")
@@ -219,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs {args.pairs}: give 1 or more (3 shows the run-to-run spread)")
-    ops = {"activemq": args.activemq_ops, "kafka": args.kafka_ops, "service": args.service_ops}
+    naive = args.activemq_ops if args.naive_ops is None else args.naive_ops
+    ops = {"activemq": args.activemq_ops, "naive": naive, "kafka": args.kafka_ops, "service": args.service_ops}
     for case in CASES:  # every soak is valid before any service starts
-        case.build(ops[case.size], args.workers)
+        case.build(ops[case.ops_key], args.workers)
     parts = (args.only,) if args.only else PARTS
     sections: dict[str, list[list[object]]] = {}
     with bench_stack() as endpoints:
@@ -234,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
                 for i, case in enumerate(CASES):
                     if case.size == flow and not case.versus:
                         sections.setdefault("nemesis", []).append(
-                            _soak_row(case, _soak(i, ops[flow], args.workers, endpoints))
+                            _soak_row(case, _soak(i, ops[case.ops_key], args.workers, endpoints))
                         )
         if "nemesis" in parts:
             index = next(i for i, c in enumerate(CASES) if c.size == "service")
             sections["nemesis"].append(_soak_row(CASES[index], _soak(index, ops["service"], args.workers, endpoints)))
     sizes = f"--activemq-ops {args.activemq_ops} --kafka-ops {args.kafka_ops}"
+    naive_size = "" if args.naive_ops is None else f" --naive-ops {args.naive_ops}"
     for part, rows in sections.items():
         text = table(HEADERS, rows)
         console.print(text)
@@ -258,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             title = NEMESIS_SECTION
             command = (
-                f"txchaos bench soak --only nemesis {sizes} --service-ops {args.service_ops} --workers {args.workers}"
+                f"txchaos bench soak --only nemesis {sizes}{naive_size} --service-ops {args.service_ops} "
+                f"--workers {args.workers}"
             )
             what = (
                 "The soaks under the default nemesis: the fixed ActiveMQ stage, its naive variant with its "
