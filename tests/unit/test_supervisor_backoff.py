@@ -45,3 +45,28 @@ def test_each_process_has_its_own_streak(tmp_path: Path) -> None:
         wait = pool.backoff(name, 0.1)
     assert wait == pytest.approx(0.01)  # w1's first quick exit
     assert pool._streak == {"w0": 3, "w1": 1}
+
+
+def test_a_heal_starts_every_waiting_process_at_once_and_forgets_the_streaks(tmp_path: Path) -> None:
+    """Backoff is for the outage; once the fault is healed, a worker must not wait out a second more."""
+    pool = _pool(tmp_path)
+    pool._streak = {"w0": 7}
+    pool._due = {"w0": 1e12, "w1": 1e12}
+    started: list[str] = []
+    pool._start = lambda spec: started.append(spec.name)  # type: ignore[method-assign]
+    pool.specs = [_Named("w0"), _Named("w1")]
+
+    def one_round() -> None:  # the monitor's loop, once, then told to stop
+        pool._stopping.wait = lambda _s: pool._stopping.set()  # type: ignore[method-assign]
+        pool._rounds()
+
+    pool.expedite()
+    one_round()
+    assert started == ["w0", "w1"]
+    assert pool._streak == {}
+    assert pool._due == {}
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name, self.stage = name, "s"

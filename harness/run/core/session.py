@@ -248,6 +248,8 @@ class RunSession:
             case Heal():
                 self._faults.close()
                 self._faults = ExitStack()
+                if self._pool is not None:
+                    self._pool.expedite()  # workers backing off from the outage start now, not a backoff later
             case Kill(instance=instance):
                 self.kill_instance(instance)
             case Freeze(instance=instance):
@@ -267,6 +269,8 @@ class RunSession:
         self.folder.step(f"fault {fault!r}{f' on {target}' if target else ''} for {hold_s}s")
         with self._under_fault(fault, target):
             time.sleep(hold_s)
+        if self._pool is not None:
+            self._pool.expedite()
         self.progress(f"healed {fault!r}")
 
     def kill_instance(self, number: int = 0) -> None:

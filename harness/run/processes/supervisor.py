@@ -29,8 +29,8 @@ class Supervised(Protocol):
 
 
 # A process that ends sooner than this after it started counts towards its restart backoff.
-QUICK_EXIT_S = 2.0
-BACKOFF_MAX_S = 1.0  # the longest a process waits to be started again
+QUICK_EXIT_S = 1.0
+BACKOFF_MAX_S = 0.2  # the longest a process waits to be started again
 
 
 class WorkerPool:
@@ -42,7 +42,8 @@ class WorkerPool:
     A process is started again ``restart_delay`` after it ends, doubled for each exit in a row that
     came less than ``QUICK_EXIT_S`` after its start, up to ``BACKOFF_MAX_S``: a crash point or a
     nemesis kill is answered at once, while workers that cannot reach a killed broker or database
-    are not forked dozens of times a second, on the cores that broker needs to come back.
+    are not forked dozens of times a second, on the cores that broker needs to come back. A heal
+    (``expedite``) ends every wait at once.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class WorkerPool:
         self._born: dict[str, float] = {}  # when each process was last started (monotonic)
         self._streak: dict[str, int] = {}  # quick exits in a row, per process
         self._due: dict[str, float] = {}  # processes waiting out their backoff: when each starts again
+        self._expedite = threading.Event()  # set by ``expedite``: the monitor starts every waiting process
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._monitor, name="worker-monitor", daemon=True)
@@ -118,6 +120,11 @@ class WorkerPool:
         streak = self._streak[name] = self._streak.get(name, 0) + 1 if quick else 0
         return min(BACKOFF_MAX_S, self.restart_delay * 2.0 ** max(0, streak - 1))
 
+    def expedite(self) -> None:
+        """Start every process waiting out its backoff now, and forget the streaks: the outage that
+        kept them ending (a fault window, a killed broker) was healed (any thread)."""
+        self._expedite.set()
+
     def _start(self, spec: Supervised) -> None:
         self._born[spec.name] = time.monotonic()
         self._spawn(spec)
@@ -137,8 +144,20 @@ class WorkerPool:
         for spec in self.specs:
             self._start(spec)
         self._ready.set()
+        self._rounds()
+        for proc in self.procs.values():
+            # At quiescence a graceful stop protects nothing: a message still in flight goes back to
+            # the queue either way and is drained as residue. SIGKILL saves ~0.3 s per run.
+            stop(proc, timeout=5, sig=signal.SIGKILL)
+
+    def _rounds(self) -> None:
+        """Watch the processes until ``stop``: record each exit, start it again after its backoff."""
         while not self._stopping.is_set():
             self._tick()
+            if self._expedite.is_set():
+                self._expedite.clear()
+                self._due = dict.fromkeys(self._due, 0.0)
+                self._streak.clear()
             for spec in self.specs:
                 name = spec.name
                 if self._stopping.is_set():
@@ -160,10 +179,6 @@ class WorkerPool:
                 self._ready_path(name).unlink(missing_ok=True)
                 self._due[name] = ended + self.backoff(name, ended)
             self._stopping.wait(0.01)
-        for proc in self.procs.values():
-            # At quiescence a graceful stop protects nothing: a message still in flight goes back to
-            # the queue either way and is drained as residue. SIGKILL saves ~0.3 s per run.
-            stop(proc, timeout=5, sig=signal.SIGKILL)
 
     def _tick(self) -> None:
         """Look after the running processes once per monitor round (readiness, say)."""
