@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -68,6 +69,17 @@ def compose_endpoints(project: str, state_dir: Path, db_password: str = topo.DB_
     )
 
 
+def port_free(host: str, port: int) -> bool:
+    """Return True when a server could listen on ``host:port`` now (as Go and the JVM bind: SO_REUSEADDR)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class DockerProvider:
     """Run the stack of docker-compose.yml; ``stop`` also cleans up after a partial ``start``.
 
@@ -98,6 +110,7 @@ class DockerProvider:
                 f"docker stack {self.project!r} is already running, owned by {who(running[0].owner)}",
                 hint="stop that run first (`txchaos down` stops one `txchaos up` started)",
             )
+        self._check_ports()
         started = time.monotonic()
         self._started = True
         try:
@@ -162,6 +175,17 @@ class DockerProvider:
         if problem is not None:
             raise ConfigError(f"the docker provider cannot run the stack here: {problem}", hint=INSTALL_HINT)
 
+    def _check_ports(self) -> None:
+        """Refuse to start when a fixed port is taken: on the host's network the server would just exit."""
+        taken = [f"{name} {port}" for name, port in topo.fixed_ports().items() if not port_free(PUBLISHED_HOST, port)]
+        if taken:
+            first = taken[0].rsplit(" ", 1)[1]
+            raise StackError(
+                f"the docker stack's fixed ports are taken on {PUBLISHED_HOST}: {', '.join(taken)}",
+                hint=f"stop what holds them (`ss -tanp 'sport = :{first}'` names it), "
+                "or use --provider local, which picks free ports",
+            )
+
     def _compose(self, *args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "TXCHAOS_OWNER": DETACHED if self.detached else str(os.getpid())}
         cmd = ["docker", "compose", "-f", str(self.compose_file), "-p", self.project, *args]
@@ -198,15 +222,19 @@ class DockerProvider:
         assert callable(wait)
         try:
             return float(wait())
-        except StackError:
-            raise
+        except StackError as exc:
+            if exc.log_tail:
+                raise
+            failure: Exception = exc  # a readiness wait that timed out: it knows no container
         except Exception as exc:
-            state = ", ".join(f"{c.service}:{'up' if c.running else 'exited'}" for c in containers(self.project))
-            raise StackError(
-                f"docker stack {self.project!r}: {service} did not answer: {exc}",
-                hint=f"containers: {state or 'none'}; full log: {self.state_dir / 'logs' / f'{service}.log'}",
-                log_tail=tail(self._logs(service)),
-            ) from exc
+            failure = exc
+        state = ", ".join(f"{c.service}:{'up' if c.running else 'exited'}" for c in containers(self.project))
+        reason = str(failure).split("\nHint: ")[0]  # the hint below replaces the wait's own
+        raise StackError(
+            f"docker stack {self.project!r}: {service} did not answer: {reason}",
+            hint=f"containers: {state or 'none'}; full log: {self.state_dir / 'logs' / f'{service}.log'}",
+            log_tail=tail(self._logs(service)),
+        ) from failure
 
     def _make_role(self, ep: Endpoints) -> float:
         """Make ``ep.db_user`` a non-superuser owning the run database, over the server's private socket."""

@@ -37,7 +37,10 @@ KAFKA = Service("kafka", "4.1.2", "apache/kafka:4.1.2", 9092)
 # Built with `go install` in both providers: the project's own image is not on Docker Hub.
 TOXIPROXY = Service("toxiproxy", "2.12.0", "golang:1.24", 8474)
 # The DTM server's HTTP API (2-phase messages). The image's tags carry no leading "v".
-DTM = Service("dtm", "1.19.0", "yedf/dtm:1.19.0", 36789)
+# Not DTM's default 36789: that lies in Linux's ephemeral range (32768-60999), where any client
+# socket on the host, open or in TIME_WAIT, can hold the port and make the server's bind fail.
+# Every fixed port here stays below that range (tests/unit/test_compose_topology.py).
+DTM = Service("dtm", "1.19.0", "yedf/dtm:1.19.0", 26789)
 # ActiveMQ's second connector: OpenWire, what JMS clients (activemq-client, Mats3) speak.
 ACTIVEMQ_OPENWIRE_PORT = 61616
 
@@ -58,7 +61,19 @@ PROXIES: tuple[ProxyRoute, ...] = tuple(ProxyRoute(p.proxy, p.service, *_PORTS[p
 KAFKA_INTERNAL_PORT = 29092
 KAFKA_CONTROLLER_PORT = 29093
 # DTM's gRPC listener cannot be switched off; nothing in the harness speaks gRPC, so it is not proxied.
-DTM_GRPC_PORT = 36790
+DTM_GRPC_PORT = 26790
+
+
+def fixed_ports() -> dict[str, int]:
+    """Return every port the docker stack binds on the host's loopback, by what listens there."""
+    ports = {s.name: s.port for s in SERVICES} | {f"{p.name} proxy": p.listen_port for p in PROXIES}
+    return ports | {
+        "activemq-openwire": ACTIVEMQ_OPENWIRE_PORT,
+        "kafka-internal": KAFKA_INTERNAL_PORT,
+        "kafka-controller": KAFKA_CONTROLLER_PORT,
+        "dtm-grpc": DTM_GRPC_PORT,
+    }
+
 
 # The role the systems under test and the harness's runs connect as: the local provider makes it
 # a non-superuser owning DB_NAME, with a password generated per stack (DB_PASSWORD is docker's).

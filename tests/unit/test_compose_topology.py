@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.errors import ConfigError
-from harness.stack import bootstrap, docker_engine, docker_images, local_recipes
+from harness.errors import ConfigError, StackError
+from harness.stack import bootstrap, docker, docker_engine, docker_images, local_recipes
 from harness.stack import topology as topo
 from harness.stack.base import Endpoints
 from harness.stack.docker import PUBLISHED_HOST, compose_endpoints, compose_topology_errors, owner_role_sql
@@ -141,6 +142,37 @@ def test_dtm_config_is_the_shared_file_on_the_topology_ports() -> None:
     assert text.startswith((ROOT / "fixtures" / "dtm" / "dtm.yml").read_text().rstrip())
     assert f"HttpPort: {topo.DTM.port}" in text
     assert f"GrpcPort: {topo.DTM_GRPC_PORT}" in text
+
+
+def test_no_fixed_port_lies_in_the_ephemeral_range_where_a_client_socket_can_hold_it() -> None:
+    fixed = topo.fixed_ports()
+    assert len(set(fixed.values())) == len(fixed) == len(topo.SERVICES) + len(topo.PROXIES) + 4
+    ranges = [(32768, 60999)]  # Linux's default
+    here = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if here.exists():
+        low, high = (int(x) for x in here.read_text().split())
+        ranges.append((low, high))
+    inside = {name: port for name, port in fixed.items() for low, high in ranges if low <= port <= high}
+    assert inside == {}
+
+
+def test_a_taken_fixed_port_stops_the_start_before_any_container_naming_the_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as held, socket.socket() as client:
+        held.bind((PUBLISHED_HOST, 0))
+        held.listen()
+        port = held.getsockname()[1]
+        client.connect((PUBLISHED_HOST, port))  # a client socket holds its local port just as well
+        client_port = client.getsockname()[1]
+        monkeypatch.setattr(topo, "fixed_ports", lambda: {"postgres": port, "dtm": client_port})
+        with pytest.raises(StackError, match=f"taken on 127.0.0.1: postgres {port}, dtm {client_port}") as caught:
+            docker.DockerProvider()._check_ports()
+        assert f"sport = :{port}" in str(caught.value)
+    with socket.socket() as spare:
+        spare.bind((PUBLISHED_HOST, 0))
+        free = spare.getsockname()[1]
+    assert docker.port_free(PUBLISHED_HOST, free)
 
 
 def test_context_holds_the_local_pg_hba_and_its_digest_follows_the_base(
