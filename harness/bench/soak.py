@@ -31,6 +31,7 @@ from harness.bench.kafka import spec as kafka_spec
 from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
 from harness.errors import HarnessError
 from harness.resources import scenarios_dir
+from harness.run.core.signals import Terminated, terminating
 from harness.run.spec.files import resolve
 from harness.soak.driver import SUMMARY, run_soak
 from harness.soak.nemesis import DEFAULT
@@ -97,9 +98,13 @@ CASES = (
 
 
 def _child(case: int, ops: int, workers: int, endpoints: str, out: Any) -> None:
-    """Run one soak in this (spawned) process and send back its folder."""
-    soak = CASES[case].build(ops, workers)
-    result = run_soak(soak, Endpoints.from_json(endpoints), progress=lambda _: None)
+    """Run one soak in this (spawned) process and send back its folder.
+
+    A SIGTERM or SIGHUP heals, quiesces and closes the books, as it does for ``txchaos soak``.
+    """
+    with terminating():
+        soak = CASES[case].build(ops, workers)
+        result = run_soak(soak, Endpoints.from_json(endpoints), progress=lambda _: None)
     out.put(str(result.run_dir))
 
 
@@ -117,14 +122,35 @@ def _result_of(child: Any, queue: Any) -> Path:
                 ) from None
 
 
-def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, Any]:
+def in_child(target: Callable[..., None], *args: object, label: str) -> Path:
+    """Run ``target(*args, queue)`` in a spawned process; return the folder it puts on the queue.
+
+    Interrupted here, the benchmark stops, but only once the child's soak has healed and closed its
+    books: a SIGTERM or SIGHUP is passed on to the child (Ctrl-C reaches it by itself, from the
+    terminal), and the folder it still sends back is named.
+    """
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(case, ops, workers, endpoints.to_json(), queue))
+    child = ctx.Process(target=target, args=(*args, queue))
+    child.start()
+    try:
+        return _result_of(child, queue)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated) and child.is_alive():
+            child.terminate()
+        console.print(f"[yellow]{label}: interrupted; waiting for the soak to heal and close its books[/]")
+        console.print(f"[yellow]{label}: its run folder: {_result_of(child, queue)}[/]")
+        raise
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
+def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, Any]:
     with console.status(f"{CASES[case].label}: {ops:,} ops"):
-        child.start()
-        run_dir = _result_of(child, queue)
-        child.join()
+        run_dir = in_child(_child, case, ops, workers, endpoints.to_json(), label=CASES[case].label)
     summary: dict[str, Any] = json.loads((run_dir / SUMMARY).read_text())
     started = time.monotonic()
     inproc = check_run(run_dir, contract_of(run_dir))
