@@ -86,7 +86,7 @@ from harness.clients.db import SQL_DIR
 from harness.run.spec.files import resolve
 from harness.stack import dtm, local, docker
 for path in (resources.fixture("jars", "activemq", "pom.xml"), SQL_DIR / "onepc.sql", dtm.CONFIG,
-             local.FIXTURES / "toxiproxy" / "proxies.json", docker.COMPOSE_FILE):
+             local.FIXTURES / "kafka" / "server.properties", docker.COMPOSE_FILE):
     assert str(path).startswith({str(site)!r}) and path.is_file(), path
 assert [s.variant for s in resolve("onepc_crash_gap", 7)]
 print("ok")
