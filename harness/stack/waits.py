@@ -22,6 +22,9 @@ class Wait:
     interval: float = 0.1
     tolerated: tuple[type[BaseException], ...] = (OSError,)
     hint: str = ""
+    # Log lines that mean the process will never be ready although it stays up (DTM logs a failed
+    # bind and keeps running without its HTTP API): seen in the process's log, the wait ends at once.
+    fatal: tuple[str, ...] = ()
 
     def run(self, proc: Managed | None = None) -> float:
         """Return the seconds it took; raise StackError when the time is up or the process died."""
@@ -34,6 +37,15 @@ class Wait:
                     hint=self.hint or f"read {proc.log_path}",
                     log_tail=proc.log_tail(),
                 )
+            if proc is not None and self.fatal:
+                logged = proc.log_tail(200)
+                seen = [line for line in self.fatal if line in logged]
+                if seen:
+                    raise StackError(
+                        f"{self.what}: the process logged {seen[0]!r}; it will not answer",
+                        hint=self.hint or f"read {proc.log_path}",
+                        log_tail=proc.log_tail(),
+                    )
             try:
                 if self.probe():
                     return time.monotonic() - started

@@ -42,6 +42,7 @@ def readiness(service: str, ep: Endpoints) -> Wait:
             DtmClient(ep.dtm.host, ep.dtm.port, timeout=1.0).answers,
             timeout=START_TIMEOUT_S,
             interval=0.05,
+            fatal=("address already in use",),
         )
     if service not in waits:
         raise ConfigError(f"no readiness probe for {service!r}", hint=f"one of {', '.join(sorted(waits))}")
