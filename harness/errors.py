@@ -23,6 +23,7 @@ class TxChaosError(Exception):
     exit_code = 3
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message  # without the hint: for a caller that words its own
         self.hint = hint
         super().__init__(f"{message}\nHint: {hint}" if hint else message)
 

@@ -177,12 +177,12 @@ class DockerProvider:
 
     def _check_ports(self) -> None:
         """Refuse to start when a fixed port is taken: on the host's network the server would just exit."""
-        taken = [f"{name} {port}" for name, port in topo.fixed_ports().items() if not port_free(PUBLISHED_HOST, port)]
+        taken = [(name, port) for name, port in topo.fixed_ports().items() if not port_free(PUBLISHED_HOST, port)]
         if taken:
-            first = taken[0].rsplit(" ", 1)[1]
             raise StackError(
-                f"the docker stack's fixed ports are taken on {PUBLISHED_HOST}: {', '.join(taken)}",
-                hint=f"stop what holds them (`ss -tanp 'sport = :{first}'` names it), "
+                f"the docker stack's fixed ports are taken on {PUBLISHED_HOST}: "
+                + ", ".join(f"{name} {port}" for name, port in taken),
+                hint=f"stop what holds them (`ss -tanp 'sport = :{taken[0][1]}'` names it), "
                 "or use --provider local, which picks free ports",
             )
 
@@ -229,7 +229,7 @@ class DockerProvider:
         except Exception as exc:
             failure = exc
         state = ", ".join(f"{c.service}:{'up' if c.running else 'exited'}" for c in containers(self.project))
-        reason = str(failure).split("\nHint: ")[0]  # the hint below replaces the wait's own
+        reason = failure.message if isinstance(failure, StackError) else str(failure)  # the hint below is ours
         raise StackError(
             f"docker stack {self.project!r}: {service} did not answer: {reason}",
             hint=f"containers: {state or 'none'}; full log: {self.state_dir / 'logs' / f'{service}.log'}",
