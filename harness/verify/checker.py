@@ -21,6 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from harness.interrupts import interruptible
 from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
 from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
 from harness.ledger.schema import COLUMNS
@@ -72,7 +73,8 @@ def connect(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         con = duckdb.connect(config=config)
         con.execute("SET enable_progress_bar = false")  # a verification prints its verdict, not progress
         try:
-            yield con
+            with interruptible(con.interrupt):  # a termination stops the query running, not after it
+                yield con
         finally:
             con.close()
 

@@ -14,7 +14,6 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -228,26 +227,28 @@ def test_a_signal_a_library_turned_into_its_own_error_still_reads_as_terminated(
 
     A real DuckDB query, interrupted by a real SIGTERM: without this, the CLI printed the query's
     error wrapped as a harness failure (exit 3, nothing on stdout) instead of the termination line.
+    DuckDB 2 lets the query run to its end after the handler raised (minutes here): the handler
+    must stop the engine's connection itself.
     """
-    import duckdb
-
     from harness.run.core.signals import Terminated
 
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
     with pytest.raises(Terminated) as caught:
-        _a_long_query(duckdb, timer)
+        _a_long_query(timer)
     timer.cancel()
     assert caught.value.signum == signal.SIGTERM
     assert isinstance(caught.value.__cause__, RuntimeError)
 
 
-def _a_long_query(duckdb: Any, timer: threading.Timer) -> None:
-    """Run a query of minutes under ``terminating``, its error wrapped as ``judge_folder`` wraps the engine's."""
+def _a_long_query(timer: threading.Timer) -> None:
+    """Run a query of minutes on the in-process engine's connection under ``terminating``, its error
+    wrapped as ``judge_folder`` wraps the engine's."""
     from harness.run.core.signals import terminating
+    from harness.verify.checker import connect
 
-    with terminating():
+    with terminating(), connect() as con:
         timer.start()
         try:
-            duckdb.sql("select count(*) from range(100000000000) t(i) where i % 7 = 3").fetchall()
+            con.execute("select count(*) from range(100000000000) t(i) where i % 7 = 3").fetchall()
         except Exception as exc:
             raise RuntimeError(f"verifying failed: {exc}") from exc

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from harness.interrupts import interrupt_all
 from harness.poll import deadline_in, poll_until
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -61,6 +62,7 @@ def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]
         if seen.signum is not None:
             return  # already healing: let it finish
         seen.signum = signum
+        interrupt_all()  # native work that no longer sees Python's signals (DuckDB 2's queries)
         raise Terminated(signum)
 
     previous: dict[signal.Signals, Any] = {}
