@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,105 @@ class BucketWriter:
             "damaged_lines": dict(sorted((damaged_lines or {}).items())),
         }
         (self.root / LAYOUT_NAME).write_text(json.dumps(meta, indent=2))
+
+
+SPILL_PARTS = 16  # a power of two: each file bucket is a union of spill parts, or a share of one
+_SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+_SORTED_SLICE = 250_000  # rows handed to the bucket writer at a time (one row group each)
+
+
+class BucketSpill:
+    """Events in any order, spilled to disk by file bucket, read back one bucket at a time in
+    (op, ts_ns, src, seq) order with ``op_bucket`` and ``op_id``.
+
+    Compaction goes through it so that memory holds one bucket (about 3M events at most, see
+    ``n_buckets_for``), never the whole ledger. The bucket count is known only once every event is
+    in: the spill is partitioned by the bucket hash modulo ``SPILL_PARTS``, and since every bucket
+    count is a power of two, a file bucket is the union of the parts congruent to it (fewer buckets)
+    or the rows of one part that hash to it (more).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rows = 0
+        self._parts = file_bucket_table(SPILL_PARTS)
+        self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._ops: list[pa.Array] = []  # each chunk's distinct op ids, merged now and then
+        self._ops_pending = 0
+        root.mkdir(parents=True, exist_ok=True)
+
+    def add(self, table: pa.Table) -> None:
+        """Take events (``ARROW_SCHEMA`` columns) in any order."""
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= _SORTED_SLICE:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        self.rows += table.num_rows
+        ops = pc.unique(table["op"]).drop_null()
+        self._remember(ops)
+        lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
+        buckets = pc.fill_null(pc.take(lookup, pc.index_in(table["op"], value_set=ops)), 0)
+        table = table.append_column("op_bucket", buckets)
+        parts = self._parts[buckets.to_numpy(zero_copy_only=False)]
+        order = np.argsort(parts, kind="stable")
+        bounds = np.searchsorted(parts[order], np.arange(SPILL_PARTS + 1))
+        for p in range(SPILL_PARTS):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            if hi > lo:
+                if p not in self._writers:
+                    self._writers[p] = pa.ipc.new_stream(self._path(p), table.schema, options=_SPILL_IPC)
+                self._writers[p].write_table(table.take(order[lo:hi]))
+
+    def _remember(self, ops: pa.Array) -> None:
+        self._ops.append(ops)
+        self._ops_pending += len(ops)
+        if self._ops_pending > max(1_000_000, 2 * len(self._ops[0])):
+            self._ops = [pc.unique(pa.chunked_array(self._ops, pa.string()))]
+            self._ops_pending = 0
+
+    def _path(self, part: int) -> str:
+        return str(self.root / f"part-{part:02d}.arrow")
+
+    def sorted_buckets(self, n_buckets: int) -> Iterator[tuple[int, pa.Table]]:
+        """Yield (file bucket, rows) in bucket order, each bucket's rows in (op, ts_ns, src, seq)
+        order over one or more slices."""
+        self._flush()
+        for w in self._writers.values():
+            w.close()
+        distinct = pc.unique(pa.chunked_array(self._ops, pa.string())) if self._ops else pa.array([], pa.string())
+        ops = pc.take(distinct, pc.sort_indices(distinct))  # op_id is the rank in string order
+        self._ops = []
+        pa.default_memory_pool().release_unused()
+        for b in range(n_buckets):
+            table = self._bucket(b, n_buckets, ops)
+            if table is None:
+                continue
+            order = pc.sort_indices(
+                table, [("op_id", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")]
+            )
+            for lo in range(0, len(order), _SORTED_SLICE):
+                yield b, table.take(order[lo : lo + _SORTED_SLICE])
+            del table, order  # one bucket in memory at a time: free this one before reading the next
+            pa.default_memory_pool().release_unused()  # and hand it back, so the high-water mark is one bucket
+
+    def _bucket(self, b: int, n_buckets: int, ops: pa.Array) -> pa.Table | None:
+        """Return file bucket ``b``'s spilled rows with ``op_id``, unsorted (None when it has none)."""
+        parts = [b % SPILL_PARTS] if n_buckets >= SPILL_PARTS else [p for p in range(SPILL_PARTS) if p % n_buckets == b]
+        parts = [p for p in parts if p in self._writers]
+        if not parts:
+            return None
+        table = pa.concat_tables([pa.ipc.open_stream(self._path(p)).read_all() for p in parts])
+        if n_buckets > SPILL_PARTS:
+            table = table.filter(pa.array(file_bucket_table(n_buckets)[table["op_bucket"].to_numpy()] == b))
+        return table.append_column("op_id", pc.index_in(table["op"], value_set=ops).cast(pa.int64()))
 
 
 def writer_counts(layout: dict[str, Any]) -> dict[tuple[str, int, str, bool], tuple[int, int, int]] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,15 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from harness.errors import ConfigError, IncompleteEvidence
-from harness.ledger.layout import LAYOUT_NAME, OP_BUCKETS, BucketWriter, n_buckets_for, op_bucket_of, read_layout
+from harness.ledger.layout import (
+    LAYOUT_NAME,
+    OP_BUCKETS,
+    BucketSpill,
+    BucketWriter,
+    n_buckets_for,
+    op_bucket_of,
+    read_layout,
+)
 from harness.ledger.schema import ARROW_SCHEMA, COLUMNS
 
 PARQUET_NAME = "events.parquet"
@@ -56,48 +65,46 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     return row
 
 
-def read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Return the readable rows of one segment and how many lines were damaged (each skipped alone)."""
-    rows: list[dict[str, Any]] = []
-    damaged = 0
+def _rows(path: Path) -> Iterator[dict[str, Any] | None]:
+    """Yield each readable row of one segment in file order, and None for each damaged line."""
     with path.open("rb") as fh:
         for raw in fh:
             row = _parse(raw) if raw.endswith(b"\n") else None
             if row is None:
-                damaged += 1
+                yield None
                 # a torn write and the next event on one line: keep the event after the tear
                 at = raw.rfind(ROW_START)
                 tail = _parse(raw[at:]) if at > 0 and raw.endswith(b"\n") else None
                 if tail is not None:
-                    rows.append(tail)
+                    yield tail
                 continue
+            yield row
+
+
+def read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Return the readable rows of one segment and how many lines were damaged (each skipped alone)."""
+    rows: list[dict[str, Any]] = []
+    damaged = 0
+    for row in _rows(path):
+        if row is None:
+            damaged += 1
+        else:
             rows.append(row)
     return rows, damaged
 
 
 _LOOSE = pa.schema([f.with_nullable(True) for f in ARROW_SCHEMA])  # what Arrow's reader fills, checked after
 _ARROW_JSON = pa_json.ParseOptions(explicit_schema=_LOOSE, unexpected_field_behavior="ignore")
+_BLOCK_BYTES = 4 << 20  # Arrow parses this many bytes at a time (about 13,000 events; its parse holds ~35x)
+CHUNK_ROWS = 200_000  # the line reader's chunk: memory stays bounded on a damaged segment of any size
 
 
-def _arrow_segment(path: Path) -> pa.Table | None:
-    """Return a whole, well-typed segment read by Arrow's JSON reader; None when any line is not.
+def _rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pydict({c: [r.get(c) for r in rows] for c in COLUMNS}, schema=ARROW_SCHEMA)
 
-    A segment of millions of events read line by line into dicts takes about 1.5 KB an event;
-    Arrow parses it in C++ into columns (about a tenth). Any damaged line (torn, mistyped, not
-    an object, a required field missing) makes Arrow refuse the file, and ``read_segment`` then
-    reads it line by line, counting and skipping the damage exactly as before.
-    """
-    size = path.stat().st_size
-    if size == 0:
-        return ARROW_SCHEMA.empty_table()
-    with path.open("rb") as fh:
-        fh.seek(size - 1)
-        if fh.read(1) != b"\n":  # a torn last line: Arrow would take a whole-looking tail
-            return None
-    try:
-        table = pa_json.read_json(path, parse_options=_ARROW_JSON)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+
+def _checked(table: pa.Table) -> pa.Table | None:
+    """Return Arrow's parse of a block as the ledger schema, or None when a row is not well-typed."""
     if any(table.column(c).null_count for c in _REQUIRED):
         return None
     try:
@@ -106,14 +113,70 @@ def _arrow_segment(path: Path) -> pa.Table | None:
         return None
 
 
+def _line_chunks(path: Path, skip: int) -> Iterator[tuple[pa.Table, int]]:
+    """Yield the segment's readable rows after the first ``skip`` in chunks, each with the damaged
+    lines met since the previous chunk (damage in the skipped part is counted too)."""
+    rows: list[dict[str, Any]] = []
+    damaged = seen = 0
+    for row in _rows(path):
+        if row is None:
+            damaged += 1
+            continue
+        seen += 1
+        if seen <= skip:
+            continue
+        rows.append(row)
+        if len(rows) >= CHUNK_ROWS:
+            yield _rows_table(rows), damaged
+            rows, damaged = [], 0
+    if rows or damaged:
+        yield _rows_table(rows), damaged
+
+
+def segment_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
+    """Yield one segment's readable events in file order, in chunks of bounded size, each with the
+    damaged lines skipped since the previous chunk.
+
+    Arrow's JSON reader parses the segment block by block in C++ (an event read line by line into
+    a dict takes about 1.5 KB, in Arrow's columns about a tenth). A block holding a damaged line
+    (torn, mistyped, not an object, a required field missing) makes Arrow stop; the line reader then
+    goes on from the first row Arrow did not hand out, counting and skipping the damage line by line.
+    A torn last line goes to the line reader at once: Arrow would take a whole-looking tail.
+    """
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with path.open("rb") as fh:
+        fh.seek(size - 1)
+        whole = fh.read(1) == b"\n"
+    done = 0
+    if whole:
+        try:
+            reader = pa_json.open_json(
+                path, read_options=pa_json.ReadOptions(block_size=_BLOCK_BYTES), parse_options=_ARROW_JSON
+            )
+            for batch in reader:
+                table = _checked(pa.Table.from_batches([batch]))
+                if table is None:
+                    break
+                yield table, 0
+                done += table.num_rows
+            else:
+                return
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    yield from _line_chunks(path, done)
+
+
 def _segment_table(path: Path) -> tuple[pa.Table, int]:
     """Return one segment's readable events as a table and how many lines were damaged."""
-    table = _arrow_segment(path)
-    if table is not None:
-        return table, 0
-    rows, damaged = read_segment(path)
-    columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
-    return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA), damaged
+    chunks = list(segment_chunks(path))
+    table = pa.concat_tables([t for t, _ in chunks]) if chunks else ARROW_SCHEMA.empty_table()
+    return table, sum(d for _, d in chunks)
+
+
+def _segments(ledger_dir: Path) -> list[Path]:
+    return sorted((ledger_dir / "segments").glob("*.jsonl"))
 
 
 def scan_segments(ledger_dir: Path) -> tuple[pa.Table, dict[str, int]]:
@@ -121,7 +184,7 @@ def scan_segments(ledger_dir: Path) -> tuple[pa.Table, dict[str, int]]:
     lines per segment file name (only segments with damage are listed)."""
     tables: list[pa.Table] = []
     damage: dict[str, int] = {}
-    for seg in sorted((ledger_dir / "segments").glob("*.jsonl")):
+    for seg in _segments(ledger_dir):
         table, damaged = _segment_table(seg)
         tables.append(table)
         if damaged:
@@ -138,8 +201,8 @@ def read_segments(ledger_dir: Path) -> pa.Table:
 def segment_damage(ledger_dir: Path) -> dict[str, int]:
     """Return the damaged lines per segment file name (empty when every line reads)."""
     damage: dict[str, int] = {}
-    for seg in sorted((ledger_dir / "segments").glob("*.jsonl")):
-        damaged = 0 if _arrow_segment(seg) is not None else read_segment(seg)[1]
+    for seg in _segments(ledger_dir):
+        damaged = sum(d for _, d in segment_chunks(seg))
         if damaged:
             damage[seg.name] = damaged
     return damage
@@ -159,16 +222,31 @@ def with_op_bucket(table: pa.Table) -> pa.Table:
 def compact(ledger_dir: Path) -> Path:
     """Write the segments as the bucketed ``events.parquet/`` directory; the segments stay as written.
 
-    Safe to repeat: the new directory replaces the old one only once it is complete.
+    Streams: segments are read in chunks and spilled by bucket (``BucketSpill``), then each bucket
+    is sorted and written alone, so memory holds one bucket, not the ledger. Safe to repeat: the new
+    directory replaces the old one only once it is complete; the spill is removed either way.
     """
-    events, damage = scan_segments(ledger_dir)
-    table = with_op_bucket(events)
     out = ledger_dir / PARQUET_NAME
     tmp = ledger_dir / (PARQUET_NAME + ".tmp")
+    spill_dir = ledger_dir / (PARQUET_NAME + ".spill")
     shutil.rmtree(tmp, ignore_errors=True)
-    writer = BucketWriter(tmp, n_buckets_for(table.num_rows))
-    writer.write(table)
-    writer.close(table.num_rows, damaged_lines=damage)
+    shutil.rmtree(spill_dir, ignore_errors=True)
+    try:
+        spill = BucketSpill(spill_dir)
+        damage: dict[str, int] = {}
+        for seg in _segments(ledger_dir):
+            damaged = 0
+            for chunk, skipped in segment_chunks(seg):
+                spill.add(chunk)
+                damaged += skipped
+            if damaged:
+                damage[seg.name] = damaged
+        writer = BucketWriter(tmp, n_buckets_for(spill.rows))
+        for _, rows in spill.sorted_buckets(writer.n_buckets):
+            writer.write(rows)
+        writer.close(spill.rows, damaged_lines=damage)
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +22,7 @@ from harness.ledger.layout import (
     REQUEST_COLUMNS,
     REQUEST_KINDS,
     file_bucket_table,
+    op_bucket_of,
     read_layout,
     recorded_requests,
     spark_hash_int,
@@ -157,20 +159,82 @@ def test_synth_writes_ground_truth_and_contiguous_seqs(tmp_path: Path) -> None:
     assert os.path.getsize(run / "manifest.json") > 0
 
 
-def test_a_whole_segment_reads_through_arrow_as_the_line_reader_reads_it(tmp_path: Path) -> None:
-    from harness.ledger.reader import _arrow_segment, read_segment
-
+def _worker_segment(tmp_path: Path, n: int) -> Path:
     ledger = tmp_path / "ledger"
     with LedgerWriter(ledger, "worker-0") as w:
-        for n in range(50):
-            w.emit(Kind.DELIVER, op=f"v-s0-op{n:05d}", msg=f"m{n}", attempt=1 + n % 2, redelivered=bool(n % 3))
-            w.emit(Kind.DB_COMMIT, op=f"v-s0-op{n:05d}", partition=n % 3, offset=n)
+        for i in range(n):
+            w.emit(Kind.DELIVER, op=f"v-s0-op{i:05d}", msg=f"m{i}", attempt=1 + i % 2, redelivered=bool(i % 3))
+            w.emit(Kind.DB_COMMIT, op=f"v-s0-op{i:05d}", partition=i % 3, offset=i)
     (seg,) = (ledger / "segments").glob("*.jsonl")
-    fast = _arrow_segment(seg)
-    assert fast is not None
+    return seg
+
+
+def test_a_whole_segment_reads_through_arrow_as_the_line_reader_reads_it(tmp_path: Path) -> None:
+    from harness.ledger.reader import read_segment, segment_chunks
+
+    seg = _worker_segment(tmp_path, 50)
+    chunks = list(segment_chunks(seg))
+    assert [d for _, d in chunks] == [0]
     rows, damaged = read_segment(seg)
     assert damaged == 0
-    assert fast.to_pylist() == [{c: r.get(c) for c in COLUMNS} for r in rows]
+    assert chunks[0][0].to_pylist() == [{c: r.get(c) for c in COLUMNS} for r in rows]
+
+
+@pytest.mark.parametrize("at", [0, 333, 999])
+def test_a_segment_damaged_mid_file_streams_every_readable_row_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    # Arrow hands out whole blocks until the block with the damage; the line reader goes on from the
+    # first row Arrow did not hand out, in chunks: each readable row once, the damage counted
+    from harness.ledger import reader
+
+    monkeypatch.setattr(reader, "_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(reader, "CHUNK_ROWS", 64)
+    seg = _worker_segment(tmp_path, 500)
+    lines = seg.read_bytes().splitlines(keepends=True)
+    lines.insert(at, b'{"ts_ns":1,"src":"worker-0","pid":1,"seq":"x","kind":"deliver"}\n')
+    seg.write_bytes(b"".join(lines))
+    chunks = list(reader.segment_chunks(seg))
+    rows, damaged = reader.read_segment(seg)
+    assert damaged == 1
+    assert sum(d for _, d in chunks) == 1
+    assert max(t.num_rows for t, _ in chunks) <= 64  # blocks, then line chunks: memory stays bounded
+    streamed = pa.concat_tables([t for t, _ in chunks]).to_pylist()
+    assert streamed == [{c: r.get(c) for c in COLUMNS} for r in rows]
+    assert len(streamed) == 1000
+
+
+@pytest.mark.parametrize("n_buckets", [4, 16, 32])
+def test_streamed_compaction_writes_what_sorting_the_whole_ledger_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_buckets: int
+) -> None:
+    # the spill is partitioned by the bucket hash modulo SPILL_PARTS: fewer, as many and more
+    # file buckets than parts must each get exactly their ops, whole and in (op, ts_ns, src, seq) order
+    from harness.ledger import layout, reader
+
+    monkeypatch.setattr(reader, "n_buckets_for", lambda events: n_buckets)
+    monkeypatch.setattr(layout, "_SORTED_SLICE", 97)  # several slices (row groups) per bucket
+    ledger = _write_small(tmp_path)
+    with LedgerWriter(ledger, "worker-1") as w:
+        for i in range(400):
+            w.emit(Kind.DELIVER, op=f"op-{i % 60}", msg=f"m-{i}", attempt=1 + i // 60)
+    out = compact(ledger)
+    expected = reader.with_op_bucket(read_segments(ledger))
+    buckets = file_bucket_table(n_buckets)
+    got: list[dict[str, object]] = []
+    for b in range(n_buckets):
+        part = out / f"part-{b:05d}_{b:05d}.c000.parquet"
+        if not part.exists():
+            continue
+        rows = pq.read_table(part, columns=[*COLUMNS, "op_bucket", "op_id"]).to_pylist()
+        assert all(buckets[r["op_bucket"]] == b for r in rows)
+        assert all(r["op_bucket"] == op_bucket_of(r["op"]) for r in rows)
+        key = [(r["op"] is None, r["op"] or "", r["ts_ns"], r["src"], r["seq"]) for r in rows]
+        assert key == sorted(key)
+        got += rows
+    assert sorted(got, key=str) == sorted(expected.to_pylist(), key=str)
+    assert (read_layout(out) or {})["n_buckets"] == n_buckets
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()  # the spill is removed
 
 
 @pytest.mark.parametrize(
