@@ -4,8 +4,10 @@ It runs the SQL that ``sql.py`` generates from the model (the text Spark runs to
 the compacted ledger's Parquet parts, streaming: the events are never loaded whole, only the
 operation summary is kept (in DuckDB's compressed temporary storage, spilled to disk past
 ``MEMORY_LIMIT``), so a ledger larger than RAM verifies in bounded memory. A folder with only
-live segments (or an older layout) is read through ``read_ledger`` into Arrow first: those are
-small. Everything after the small aggregates is ``assemble.py``, shared with the Spark engine.
+live segments (or an older layout) is read through ``read_ledger`` into Arrow first when they
+are small; past ``COMPACT_ABOVE_BYTES`` they are compacted first (as the Spark engine does: the
+compaction streams), so a run whose closing compaction never happened still verifies in bounded
+memory. Everything after the small aggregates is ``assemble.py``, shared with the Spark engine.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow as pa
 
 from harness.interrupts import interruptible
 from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
-from harness.ledger.reader import PARQUET_NAME, read_ledger, with_op_bucket
+from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, with_op_bucket
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
@@ -54,6 +56,9 @@ __all__ = [
 # DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
 # process's whole footprint stays under 1 GB at 100M events (docs/benchmarks.md).
 MEMORY_LIMIT = "384MB"
+# Segments larger than this (all together) are compacted before they are judged, not read whole:
+# an event read into Arrow takes about 200 bytes, in JSON about 300.
+COMPACT_ABOVE_BYTES = 64 << 20
 D = sql.DUCKDB
 WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
 CHAIN_COLUMNS = ", ".join(f'e."{c}"' for c in COLUMNS)  # "offset" is a keyword
@@ -92,7 +97,11 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
     parts are read (what it recorded at compaction need not be selected again), else {}."""
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
-    if layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION:
+    current = layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION
+    if not current and _segment_bytes(ledger_dir) > COMPACT_ABOVE_BYTES:
+        compact(ledger_dir)
+        layout, current = read_layout(parquet), True
+    if layout is not None and current:
         parts = sorted(str(p) for p in parquet.glob("*.parquet"))
         if parts:
             files = "[" + ", ".join(_quote(p) for p in parts) + "]"
@@ -100,6 +109,10 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
             return layout
     _register(con, read_ledger(ledger_dir))
     return {}
+
+
+def _segment_bytes(ledger_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (ledger_dir / "segments").glob("*.jsonl"))
 
 
 def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:

@@ -8,6 +8,7 @@ and a verdict with an unfired fault is neither clean nor anomalous.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -168,3 +169,22 @@ def test_what_compaction_records_gives_the_verdict_a_scan_gives(tmp_path: Path) 
     (parts / LAYOUT_NAME).write_text(json.dumps(layout | {"requests": layout["requests"] + extra}))
     assert "pause:kafka" in _by_name(checker.check_run(tmp_path, FlowContract()))
     assert (tmp_path / "ledger" / PARQUET_NAME).is_dir()
+
+
+def test_segments_past_the_threshold_are_compacted_then_judged_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a folder whose closing compaction never ran (the driver was killed) is read whole only when
+    # small; past COMPACT_ABOVE_BYTES the in-process engine compacts it first: the same verdict
+    from harness.ledger.reader import PARQUET_NAME
+
+    _ledger(tmp_path)
+    shutil.rmtree(tmp_path / "ledger" / PARQUET_NAME)  # only the segments, as a killed driver leaves them
+    in_memory = checker.check_run(tmp_path, FlowContract())
+    assert not (tmp_path / "ledger" / PARQUET_NAME).exists()  # small: read whole, nothing written
+    monkeypatch.setattr(checker, "COMPACT_ABOVE_BYTES", 0)
+    compacted = checker.check_run(tmp_path, FlowContract())
+    assert (tmp_path / "ledger" / PARQUET_NAME / "_layout.json").is_file()
+    assert compare_verdicts(in_memory, compacted) == []
+    assert in_memory.faults == compacted.faults
+    assert in_memory.stats == compacted.stats
