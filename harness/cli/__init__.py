@@ -302,10 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(wire traps), `services` (services under test: traps in the window, clean path, search), "
         "`bare` (the machine's limit: broker and database work without the harness), "
         "`soak` (soaks beside the bare loops, verified by both engines), `journal` (the broker's journal "
-        "sync under kill -9: what turning it off would lose)",
+        "sync under kill -9: what turning it off would lose), `compact` (the close of finished runs: "
+        "compaction and verdict, wall and peak RSS)",
     )
     p.add_argument(
-        "what", choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak", "journal")
+        "what",
+        choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak", "journal", "compact"),
     )
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser
