@@ -146,6 +146,7 @@ class _Driver:
         self._broker = _broker_of(soak.scenario)
         self.broker_down = False
         self.error = ""  # what stopped the driver before its length, when an error did
+        self.late_s = 0.0  # how far applying steps has pushed the rest of the schedule back
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -210,8 +211,14 @@ class _Driver:
 
     def tick(self) -> None:
         now = self.elapsed()
-        while self.due and self.due[0].at_s <= now:
+        while self.due and self.due[0].at_s + self.late_s <= now:
+            before = time.monotonic()
             self.apply(self.due.pop(0).step)
+            # A step that takes its time (a heal restarting a killed broker: seconds) delays what
+            # follows by as much: the rest after a window is the schedule's, not eaten by the heal,
+            # or restarts come back to back and the flow never runs between them.
+            self.late_s += time.monotonic() - before
+            now = self.elapsed()
         want = self.target() - len(self.session.ops)
         if want > 0 and self.submitting() and not self.broker_down:
             self.apply(Submit(min(want, 20_000)))

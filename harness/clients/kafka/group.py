@@ -23,6 +23,9 @@ from harness.errors import ConfigError, HarnessError
 # group.min.session.timeout.ms (fixtures/kafka/server.properties) allows down to 1 s.
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_MS = 1000
+# librdkafka doubles its wait between reconnects up to 10 s by default: a broker back after a
+# 5 s restart was then found up to 10 s late by every client. 1 s keeps the doubling, capped.
+RECONNECT_BACKOFF_MAX_MS = 1000
 
 
 class GroupConsumer:
@@ -69,6 +72,7 @@ class GroupConsumer:
             "isolation.level": "read_committed" if read_committed else "read_uncommitted",
             "session.timeout.ms": session_timeout_ms,
             "heartbeat.interval.ms": heartbeat_ms,
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
             "client.id": client_id or f"txchaos-{group}",
             "log_level": 3,
         }
@@ -188,6 +192,7 @@ class OutputProducer:
             "enable.idempotence": True,
             "linger.ms": linger_ms,
             "message.timeout.ms": int(timeout_s * 1000),
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
             "client.id": client_id,
             "log_level": log_level,
         }
