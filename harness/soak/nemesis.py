@@ -40,9 +40,11 @@ from harness.run.spec.steps import Arm, Freeze, Heal, Kill, Open, Step, Thaw, fr
 # come, and thaws it after the window: its transaction stays open while the broker, its
 # heart-beats gone, hands its message to another worker.
 KINDS = ("latency", "reset", "partition", "timeout", "kill", "pause", "freeze", "crash", "broker", "postgres")
-# The default mix: every kind that heals without a service restart, plus a worker kill and a
-# crash; broker and database restarts are asked for by name (each costs seconds of downtime).
-DEFAULT = ("latency", "reset", "partition", "kill", "pause", "freeze", "crash")
+# The default mix: every kind but the timeout (a partition's slower cousin). In a mix, a broker or
+# database restart (seconds of downtime, and on Kafka a group that settles after it) comes at
+# most once per ``Pace.restart_every_s``; named alone, restarts come at the schedule's pace.
+DEFAULT = ("latency", "reset", "partition", "kill", "pause", "freeze", "crash", "broker", "postgres")
+RESTARTS = ("broker", "postgres")
 FREEZE_POINTS = ("before_db_commit",)  # inside the transaction, its outputs sent in it
 PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-beats (1 s) stop
 NETWORK = ("latency", "reset", "partition", "timeout")
@@ -150,10 +152,12 @@ class Pace:
     hold_s: float = 3.0
     first_s: float = 3.0  # nothing before: the flow warms up clean
     compound: float = 0.4  # the share of network windows that open a second network fault halfway
+    restart_every_s: float = 120.0  # in a mix, at most one broker or database restart this often
 
     def __post_init__(self) -> None:
         if not isinstance(self.compound, int | float) or not 0 <= self.compound <= 1:
             raise ConfigError(f"nemesis compound={self.compound!r}", hint="a share from 0 to 1")
+        check_seconds("nemesis restart_every_s", self.restart_every_s, 0, 24 * 3600)
         check_seconds("nemesis rest_s", self.rest_s, 0.1, 3600)
         check_seconds("nemesis hold_s", self.hold_s, 0.1, 3600)
         check_seconds("nemesis first_s", self.first_s, 0, 3600)
@@ -180,10 +184,16 @@ def plan(
     rng = random.Random(seed)
     usable = [k for k in kinds if k not in ("crash", "freeze") or points]
     inside = [p for p in points if p in FREEZE_POINTS] or list(points)
+    calm = [k for k in usable if k not in RESTARTS]  # what a restart too soon after the last is redrawn from
     entries: list[Timed] = []
     t = pace.first_s
+    last_restart = -pace.restart_every_s
     while usable and t < length_s:
         kind = rng.choice(usable)
+        if kind in RESTARTS and calm and t - last_restart < pace.restart_every_s:
+            kind = rng.choice(calm)
+        elif kind in RESTARTS:
+            last_restart = t
         hold = round(pace.hold_s * rng.uniform(0.5, 1.5), 1)
         at = round(t, 1)
         if kind == "kill":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ConfigError
+from harness.faults import KillBroker
 from harness.run.spec.files import resolve
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Thaw
 from harness.soak import DEFAULT, Pace, Schedule, Soak, parse_duration, plan
@@ -18,6 +20,7 @@ from harness.soak.nemesis import ArmAhead, Timed, parse_kinds
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 TARGETS = ("activemq_stomp", "postgres")
+DEFAULT_PACE = Pace()
 
 
 def racy() -> Soak:
@@ -112,8 +115,30 @@ def test_the_soak_runs_its_scenario_with_its_seed_and_workers_and_no_scripted_fa
     kills = [t.step for t in schedule.entries if isinstance(t.step, Kill)]
     assert kills
     assert all(0 <= k.instance < 3 for k in kills)
-    targets = {t.step.target for t in schedule.entries if isinstance(t.step, Open)}
-    assert targets <= {"activemq_stomp", "postgres"}
+    opens = [t.step for t in schedule.entries if isinstance(t.step, Open)]
+    assert {o.target for o in opens if not isinstance(o.fault, KillBroker)} <= {"activemq_stomp", "postgres"}
+    restarted = {o.fault.service for o in opens if isinstance(o.fault, KillBroker)}
+    assert restarted
+    assert restarted <= {"activemq", "postgres"}
+
+
+def test_the_default_mix_restarts_the_broker_and_the_database_spaced_and_alone_at_pace() -> None:
+    def restarts(kinds: tuple[str, ...], pace: Pace = DEFAULT_PACE) -> list[tuple[float, str]]:
+        points = ("before_db_commit",)
+        schedule = plan(kinds, seed=7, length_s=1200, targets=TARGETS, instances=2, points=points, pace=pace)
+        return [
+            (t.at_s, t.step.fault.service)
+            for t in schedule.entries
+            if isinstance(t.step, Open) and isinstance(t.step.fault, KillBroker)
+        ]
+
+    mixed = restarts(DEFAULT)
+    assert {service for _, service in mixed} == {"activemq", "postgres"}
+    assert len(mixed) >= 5  # 20 minutes: most 2-minute spans get one
+    assert all(b - a >= Pace().restart_every_s for (a, _), (b, _) in itertools.pairwise(mixed))
+    alone = restarts(("broker",))
+    assert len(alone) > 2 * len(mixed)  # named alone, restarts come at the schedule's own pace
+    assert len(restarts(DEFAULT, Pace(restart_every_s=30))) > len(mixed)
 
 
 def test_the_closed_loop_window_and_the_length() -> None:
@@ -238,4 +263,34 @@ def test_a_driver_stopped_by_an_error_says_so_and_leaves_the_closing_to_the_soak
     ]
     assert "Traceback" in (tmp_path / DRIVER_ERROR).read_text()
     assert lines[-1].startswith(driver.error)
+    driver._pace.close()
+
+
+def test_a_slow_heal_pushes_the_rest_of_the_schedule_back_by_its_time(tmp_path: Path) -> None:
+    # a heal that restarts a killed broker takes seconds: the rest after it must still be a rest,
+    # or restarts follow each other back to back and the flow never runs between them
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    clock = [0.15]
+
+    class _SlowHeal(_Session):
+        def apply(self, step: object) -> None:
+            super().apply(step)
+            if isinstance(step, Heal):
+                time.sleep(0.2)
+                clock[0] += 0.2
+
+    session = _SlowHeal(tmp_path)
+    schedule = Schedule(
+        ("latency",), 0, (Timed(0, Open(*_latency())), Timed(0.1, Heal()), Timed(0.2, Open(*_latency())))
+    )
+    driver = _Driver(Soak(spec, ops=10), session, schedule, progress=lambda _: None)  # type: ignore[arg-type]
+    driver.elapsed = lambda: clock[0]  # type: ignore[method-assign]
+    driver.tick()  # opens, heals (0.2 s): the next window, due 0.1 s after the heal, waits
+    assert driver.windows == 1
+    assert driver.late_s >= 0.2
+    clock[0] = 0.3 + driver.late_s  # planned 0.2, pushed back by the heal's time
+    driver.tick()
+    assert driver.windows == 2
     driver._pace.close()
