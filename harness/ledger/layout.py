@@ -229,12 +229,16 @@ class BucketSpill:
     def _path(self, part: int) -> str:
         return str(self.root / f"part-{part:02d}.arrow")
 
+    def close(self) -> None:
+        """Close the spill files (they stay readable); safe to repeat."""
+        for w in self._writers.values():
+            w.close()
+
     def sorted_buckets(self, n_buckets: int) -> Iterator[tuple[int, pa.Table]]:
         """Yield (file bucket, rows) in bucket order, each bucket's rows in (op, ts_ns, src, seq)
         order over one or more slices."""
         self._flush()
-        for w in self._writers.values():
-            w.close()
+        self.close()
         distinct = pc.unique(pa.chunked_array(self._ops, pa.string())) if self._ops else pa.array([], pa.string())
         ops = pc.take(distinct, pc.sort_indices(distinct))  # op_id is the rank in string order
         self._ops = []

@@ -231,8 +231,8 @@ def compact(ledger_dir: Path) -> Path:
     spill_dir = ledger_dir / (PARQUET_NAME + ".spill")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(spill_dir, ignore_errors=True)
+    spill = BucketSpill(spill_dir)
     try:
-        spill = BucketSpill(spill_dir)
         damage: dict[str, int] = {}
         for seg in _segments(ledger_dir):
             damaged = 0
@@ -246,6 +246,7 @@ def compact(ledger_dir: Path) -> Path:
             writer.write(rows)
         writer.close(spill.rows, damaged_lines=damage)
     finally:
+        spill.close()
         shutil.rmtree(spill_dir, ignore_errors=True)
     if out.is_dir():
         shutil.rmtree(out)

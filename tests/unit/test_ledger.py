@@ -204,6 +204,25 @@ def test_a_segment_damaged_mid_file_streams_every_readable_row_once(
     assert len(streamed) == 1000
 
 
+def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.ledger import reader
+
+    ledger = _write_small(tmp_path)
+    out = compact(ledger)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(self: object, table: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(reader.BucketWriter, "write", broken)
+    with pytest.raises(OSError, match="disk full"):
+        compact(ledger)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last whole one stays
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+
+
 @pytest.mark.parametrize("n_buckets", [4, 16, 32])
 def test_streamed_compaction_writes_what_sorting_the_whole_ledger_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_buckets: int
