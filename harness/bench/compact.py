@@ -24,7 +24,7 @@ from rich.console import Console
 
 from harness.bench.report import bench_parser, table, write_section
 from harness.bench.verify import _python, _rss_mb
-from harness.errors import ConfigError
+from harness.ledger.reader import segments_bytes
 
 console = Console(highlight=False, emoji=False, soft_wrap=True)
 SECTION = "The close of a long run: streaming compaction (issue 32)"
@@ -65,13 +65,8 @@ def _child(run_dir: str, out: str) -> None:
 
 
 def measure(run: Path) -> list[object]:
-    """Return one table row: the close of ``run`` repeated on a scratch copy in a new interpreter."""
-    segments = run / "ledger" / "segments"
-    if not segments.is_dir():
-        raise ConfigError(
-            f"{run} holds no ledger/segments",
-            hint="pass a run folder written by `txchaos soak` or `txchaos run` (reports/runs/...)",
-        )
+    """Return one table row: the close of ``run`` (which holds ``ledger/segments``, as ``main`` checks)
+    repeated on a scratch copy in a new interpreter."""
     scratch = Path(tempfile.mkdtemp(prefix=".bench-compact-", dir=run.parent))  # hard links need one filesystem
     try:
         copy = scratch / run.name
@@ -84,7 +79,7 @@ def measure(run: Path) -> list[object]:
             got: dict[str, Any] = json.loads(Path(fh.name).read_text())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    size_mb = sum(p.stat().st_size for p in segments.glob("*.jsonl")) / 2**20
+    size_mb = segments_bytes(run / "ledger") / 2**20
     return [
         f"`{run.name}`",
         f"{got['events']:,}",

@@ -93,6 +93,13 @@ def op_bucket_of(op: str | None) -> int:
     return 0 if op is None else zlib.crc32(op.encode()) % OP_BUCKETS
 
 
+def op_bucket_column(ops: pa.Array, index: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Return each row's op_bucket, given the distinct op ids ``ops`` and each row's position in
+    them (``index``, null without an op: bucket 0). One hash per distinct op, not per row."""
+    lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
+    return pc.fill_null(pc.take(lookup, index), 0)
+
+
 def bucket_path(root: Path, bucket: int) -> Path:
     return root / f"part-{bucket:05d}_{bucket:05d}.c000.parquet"
 
@@ -206,8 +213,7 @@ class BucketSpill:
         self.rows += table.num_rows
         ops = pc.unique(table["op"]).drop_null()
         self._remember(ops)
-        lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
-        buckets = pc.fill_null(pc.take(lookup, pc.index_in(table["op"], value_set=ops)), 0)
+        buckets = op_bucket_column(ops, pc.index_in(table["op"], value_set=ops))
         table = table.append_column("op_bucket", buckets)
         parts = self._parts[buckets.to_numpy(zero_copy_only=False)]
         order = np.argsort(parts, kind="stable")

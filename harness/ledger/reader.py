@@ -27,7 +27,7 @@ from harness.ledger.layout import (
     BucketSpill,
     BucketWriter,
     n_buckets_for,
-    op_bucket_of,
+    op_bucket_column,
     read_layout,
 )
 from harness.ledger.schema import ARROW_SCHEMA, COLUMNS
@@ -175,8 +175,14 @@ def _segment_table(path: Path) -> tuple[pa.Table, int]:
     return table, sum(d for _, d in chunks)
 
 
-def _segments(ledger_dir: Path) -> list[Path]:
+def segment_files(ledger_dir: Path) -> list[Path]:
+    """Return the ledger's JSON-lines segments in name order (none when it has no segments folder)."""
     return sorted((ledger_dir / "segments").glob("*.jsonl"))
+
+
+def segments_bytes(ledger_dir: Path) -> int:
+    """Return the size of the ledger's segments together, in bytes."""
+    return sum(p.stat().st_size for p in segment_files(ledger_dir))
 
 
 def scan_segments(ledger_dir: Path) -> tuple[pa.Table, dict[str, int]]:
@@ -184,7 +190,7 @@ def scan_segments(ledger_dir: Path) -> tuple[pa.Table, dict[str, int]]:
     lines per segment file name (only segments with damage are listed)."""
     tables: list[pa.Table] = []
     damage: dict[str, int] = {}
-    for seg in _segments(ledger_dir):
+    for seg in segment_files(ledger_dir):
         table, damaged = _segment_table(seg)
         tables.append(table)
         if damaged:
@@ -201,7 +207,7 @@ def read_segments(ledger_dir: Path) -> pa.Table:
 def segment_damage(ledger_dir: Path) -> dict[str, int]:
     """Return the damaged lines per segment file name (empty when every line reads)."""
     damage: dict[str, int] = {}
-    for seg in _segments(ledger_dir):
+    for seg in segment_files(ledger_dir):
         damaged = sum(d for _, d in segment_chunks(seg))
         if damaged:
             damage[seg.name] = damaged
@@ -212,9 +218,8 @@ def with_op_bucket(table: pa.Table) -> pa.Table:
     """Return ``table`` with its ``op_bucket`` and ``op_id`` columns, sorted by (op, ts_ns, src, seq)."""
     unique = table["op"].unique().drop_null()
     ops = pc.take(unique, pc.sort_indices(unique))
-    lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
     op_id = pc.index_in(table["op"], value_set=ops)
-    table = table.append_column("op_bucket", pc.fill_null(pc.take(lookup, op_id), 0))
+    table = table.append_column("op_bucket", op_bucket_column(ops, op_id))
     table = table.append_column("op_id", op_id.cast(pa.int64()))
     return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
@@ -234,7 +239,7 @@ def compact(ledger_dir: Path) -> Path:
     spill = BucketSpill(spill_dir)
     try:
         damage: dict[str, int] = {}
-        for seg in _segments(ledger_dir):
+        for seg in segment_files(ledger_dir):
             damaged = 0
             for chunk, skipped in segment_chunks(seg):
                 spill.add(chunk)
@@ -297,7 +302,7 @@ def rebuild_compacted(ledger_dir: Path, problems: list[str]) -> str:
     Raises ``IncompleteEvidence`` when there are no segments to rebuild it from.
     """
     parquet = ledger_dir / PARQUET_NAME
-    segments = sorted((ledger_dir / "segments").glob("*.jsonl"))
+    segments = segment_files(ledger_dir)
     if not segments:
         raise IncompleteEvidence(
             f"{parquet} is damaged ({'; '.join(problems[:3])}) and {ledger_dir / 'segments'} holds no segment "
@@ -339,5 +344,7 @@ __all__ = [
     "rebuild_compacted",
     "scan_segments",
     "segment_damage",
+    "segment_files",
+    "segments_bytes",
     "with_op_bucket",
 ]

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from harness.interrupts import interruptible
 from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
-from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, with_op_bucket
+from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, segments_bytes, with_op_bucket
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
@@ -98,7 +98,7 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
     parquet = ledger_dir / PARQUET_NAME
     layout = read_layout(parquet) if parquet.is_dir() else None
     current = layout is not None and layout.get("layout", 1) >= LAYOUT_VERSION
-    if not current and _segment_bytes(ledger_dir) > COMPACT_ABOVE_BYTES:
+    if not current and segments_bytes(ledger_dir) > COMPACT_ABOVE_BYTES:
         compact(ledger_dir)
         layout, current = read_layout(parquet), True
     if layout is not None and current:
@@ -109,10 +109,6 @@ def _source(con: duckdb.DuckDBPyConnection, ledger_dir: Path) -> dict[str, Any]:
             return layout
     _register(con, read_ledger(ledger_dir))
     return {}
-
-
-def _segment_bytes(ledger_dir: Path) -> int:
-    return sum(p.stat().st_size for p in (ledger_dir / "segments").glob("*.jsonl"))
 
 
 def _register(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from harness.ledger.layout import read_layout
-from harness.ledger.reader import PARQUET_NAME
+from harness.ledger.reader import PARQUET_NAME, segments_bytes
 from harness.verify import assemble, model
 from harness.verify.evidence import gather
 from harness.verify.spark.job import check_events
@@ -65,9 +65,7 @@ def ledger_events(ledger_dir: Path) -> int:
     layout = read_layout(ledger_dir / PARQUET_NAME)
     if layout is not None and isinstance(layout.get("events"), int):
         return int(layout["events"])
-    segments = ledger_dir / "segments"
-    size = sum(p.stat().st_size for p in segments.glob("*.jsonl")) if segments.is_dir() else 0
-    return size // SEGMENT_BYTES_PER_EVENT
+    return segments_bytes(ledger_dir) // SEGMENT_BYTES_PER_EVENT
 
 
 def _session(spark: Session | None, master: str | None, verbose: bool, events: int) -> tuple[Session, str, bool]:
