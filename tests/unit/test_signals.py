@@ -252,3 +252,40 @@ def _a_long_query(timer: threading.Timer) -> None:
             con.execute("select count(*) from range(100000000000) t(i) where i % 7 = 3").fetchall()
         except Exception as exc:
             raise RuntimeError(f"verifying failed: {exc}") from exc
+
+
+def test_ctrl_c_stops_a_running_query_at_once_and_reads_as_an_interrupt() -> None:
+    """Ctrl-C during a verdict's query: DuckDB 2 would run the query to its end, then raise its own
+    "Query interrupted" (a RuntimeError the CLI printed as a harness failure). The query stops now
+    and the caller sees Ctrl-C's KeyboardInterrupt, not a ``Terminated`` and not the wrapped error."""
+    from harness.run.core.signals import Terminated
+
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        _a_long_query(timer)
+    timer.cancel()
+    assert time.monotonic() - started < 30  # the query alone runs for minutes
+    assert not isinstance(caught.value, Terminated)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def _stopped_query(stopped: list[str], name: str, reason: BaseException | None) -> None:
+    """A block that registers a stop, is interrupted for ``reason`` (when given), then fails."""
+    from harness.interrupts import interrupt_all, interruptible
+
+    with interruptible(lambda: stopped.append(name)):
+        if reason is not None:
+            interrupt_all(reason)
+        raise RuntimeError("Query interrupted")
+
+
+def test_an_error_of_an_interruptible_block_is_its_own_until_an_interrupt_stopped_it() -> None:
+    stopped: list[str] = []
+    with pytest.raises(RuntimeError, match="Query interrupted"):
+        _stopped_query(stopped, "a", None)
+    reason = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        _stopped_query(stopped, "b", reason)
+    assert caught.value is reason
+    assert stopped == ["b"]  # the first block's stop left the registry with its block
