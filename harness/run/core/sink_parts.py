@@ -109,8 +109,16 @@ class Messages(Plain):
         return new
 
     def out_count(self) -> int | None:
+        """How many operations came out so far; what killed the sink, raised, when it died.
+
+        A soak asks this every tick: a dead sink counts nothing more, and a closed loop waiting
+        for its count would wait forever instead of stopping with the sink's error.
+        """
         sink = self.place.sink
-        return None if sink is None else int(sink.count())
+        if sink is None:
+            return None
+        sink.check()
+        return int(sink.count())
 
 
 class Settling(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 from harness.clients import db
@@ -25,7 +26,32 @@ def op_of(msg: Message) -> str | None:
         return None
 
 
-MAX_RECONNECTS = 20
+MAX_RECONNECTS = 20  # failures in a row: a broker down this long (about 30 s of waits) is not coming back
+HEALTHY_S = 5.0  # a connection that lived this long starts the count of failures in a row again
+
+
+@dataclass
+class Reconnects:
+    """The sink's budget of failed connections: failures in a row, not in the whole run.
+
+    A soak restarts the broker every few minutes for an hour; a budget for the whole run ran out
+    after about ten restarts (each costs a lost connection and a refused connect or two), the sink
+    died, nothing came out any more, and the closed loop waited for it.
+    """
+
+    limit: int = MAX_RECONNECTS
+    healthy_s: float = HEALTHY_S
+    in_row: int = 0
+
+    def failed(self, lived_s: float | None) -> bool:
+        """Count a failure of a connection that lived ``lived_s`` (None: never connected); True when spent."""
+        self.in_row = 1 if lived_s is not None and lived_s >= self.healthy_s else self.in_row + 1
+        return self.in_row > self.limit
+
+    @property
+    def wait_s(self) -> float:
+        """How long to wait before the next attempt."""
+        return min(0.2 * self.in_row, 2.0)
 
 
 class Sink(SinkBase):
@@ -40,22 +66,25 @@ class Sink(SinkBase):
         super().__init__(ledger, queues, name="sink")
         self.stomp = stomp
         self.queues = queues
+        self._connected_at: float | None = None  # when the current connection subscribed
 
     def _run(self) -> None:
         # The sink is the harness's eye, not the system under test: a lost connection (a Toxiproxy
         # cut, a broker restart) is reconnected, and unacked messages come back to the new one.
-        failures = 0
+        budget = Reconnects()
         while not self._stop.is_set():
+            self._connected_at = None
             try:
                 self._consume()
                 return
             except HarnessError as exc:
-                failures += 1
-                self.ledger.emit(Kind.ERROR, stage="sink", error=str(exc)[:300], reconnect=failures)
-                if failures > MAX_RECONNECTS:
+                lived = None if self._connected_at is None else time.monotonic() - self._connected_at
+                spent = budget.failed(lived)
+                self.ledger.emit(Kind.ERROR, stage="sink", error=str(exc)[:300], reconnect=budget.in_row)
+                if spent:
                     self._error = exc
                     return
-                self._stop.wait(min(0.2 * failures, 2.0))
+                self._stop.wait(budget.wait_s)
             except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
                 self._error = exc
                 return
@@ -63,6 +92,7 @@ class Sink(SinkBase):
     def _consume(self) -> None:
         with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink", heartbeats=(0, 0)) as client:
             subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
+            self._connected_at = time.monotonic()
             while not self._stop.is_set():
                 msg = client.receive(0.05)
                 if msg is None:
