@@ -9,25 +9,25 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.run.core.sink_parts import Messages
-from harness.run.transports.activemq_sink import HEALTHY_S, MAX_RECONNECTS, Reconnects
+from harness.run.transports.activemq_sink import MAX_RECONNECTS, Reconnects
 
 
-def test_a_sink_rides_out_any_number_of_restarts_each_after_a_healthy_connection() -> None:
+def test_a_sink_rides_out_any_number_of_broker_kills() -> None:
     """A 1M-op soak killed the broker 8 times in 42 minutes; a budget for the whole run was spent
-    by then (each restart: a lost connection and a refused connect or two) and the sink died."""
+    by then (each kill: a lost connection and a refused connect or a few) and the sink died."""
     budget = Reconnects()
     for _ in range(10 * MAX_RECONNECTS):
-        assert not budget.failed(HEALTHY_S + 60)  # the connection lost after a minute of work
-        assert not budget.failed(None)  # the broker still down: one refused connect
-        assert not budget.failed(None)
-    assert budget.in_row == 3
+        assert not budget.failed(connected=True)  # the connection the kill cut
+        for _ in range(5):
+            assert not budget.failed(connected=False)  # the broker still down: refused
+    assert budget.in_row == 6
 
 
 def test_a_broker_that_stays_away_spends_the_budget_with_growing_waits() -> None:
     budget = Reconnects()
-    assert not budget.failed(HEALTHY_S / 10)  # connected, lost at once: not a healthy connection
+    assert not budget.failed(connected=True)
     waits = [budget.wait_s]
-    spent = [budget.failed(None) for _ in range(MAX_RECONNECTS)]
+    spent = [budget.failed(connected=False) for _ in range(MAX_RECONNECTS)]
     waits.append(budget.wait_s)
     assert spent == [False] * (MAX_RECONNECTS - 1) + [True]
     assert waits == [0.2, 2.0]  # 0.2 s after the first failure, capped at 2 s
