@@ -13,7 +13,9 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -254,20 +256,40 @@ def _a_long_query(timer: threading.Timer) -> None:
             raise RuntimeError(f"verifying failed: {exc}") from exc
 
 
-def test_ctrl_c_stops_a_running_query_at_once_and_reads_as_an_interrupt() -> None:
+def _pyspark_like(ran: list[int]) -> Callable[[int, FrameType | None], None]:
+    """A SIGINT handler of another program's, as every SparkContext installs: its work, then raise."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        ran.append(signum)  # PySpark cancels its jobs here
+        raise KeyboardInterrupt
+
+    return handler
+
+
+@pytest.mark.parametrize("handler", ["python's own", "another program's"])
+def test_ctrl_c_stops_a_running_query_at_once_and_reads_as_an_interrupt(handler: str) -> None:
     """Ctrl-C during a verdict's query: DuckDB 2 would run the query to its end, then raise its own
     "Query interrupted" (a RuntimeError the CLI printed as a harness failure). The query stops now
-    and the caller sees Ctrl-C's KeyboardInterrupt, not a ``Terminated`` and not the wrapped error."""
+    and the caller sees Ctrl-C's KeyboardInterrupt, not a ``Terminated`` and not the wrapped error,
+    whoever handles SIGINT (a Spark session started earlier in the process installs PySpark's)."""
     from harness.run.core.signals import Terminated
 
+    ran: list[int] = []
+    chosen = signal.default_int_handler if handler == "python's own" else _pyspark_like(ran)
+    before = signal.signal(signal.SIGINT, chosen)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt) as caught:
-        _a_long_query(timer)
-    timer.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            _a_long_query(timer)
+        timer.cancel()
+        assert signal.getsignal(signal.SIGINT) is chosen  # given back as it was
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert time.monotonic() - started < 30  # the query alone runs for minutes
     assert not isinstance(caught.value, Terminated)
     assert isinstance(caught.value.__cause__, RuntimeError)
+    assert ran == ([] if handler == "python's own" else [signal.SIGINT])  # the other's work still done
 
 
 def _stopped_query(stopped: list[str], name: str, reason: BaseException | None) -> None:

@@ -5,8 +5,8 @@ is to die on the spot: no ``finally`` runs, a latency toxic stays on the proxy a
 up. ``terminating()`` installs handlers that raise ``Terminated`` (a ``KeyboardInterrupt``) in the
 main thread instead, so every path that already heals on Ctrl-C heals on these too. A second
 signal while healing is ignored: interrupting the healing is what this module exists to prevent.
-Ctrl-C keeps Python's own meaning (a ``KeyboardInterrupt`` each time); its handler only also stops
-the native work registered with ``harness.interrupts`` (a DuckDB query), as the others do.
+Ctrl-C keeps Python's own meaning (a ``KeyboardInterrupt`` each time); ``harness.interrupts``
+makes it stop native work (a DuckDB query) while that runs, as these handlers do.
 
 >>> with terminating() as seen:
 ...     run_the_scenario()  # a SIGTERM here raises Terminated; finally blocks heal
@@ -68,17 +68,10 @@ def terminating(signals: tuple[signal.Signals, ...] = SIGNALS) -> Iterator[Seen]
         interrupt_all(exc)  # native work that no longer sees Python's signals (DuckDB 2's queries)
         raise exc
 
-    def ctrl_c(signum: int, frame: FrameType | None) -> None:
-        exc = KeyboardInterrupt()
-        interrupt_all(exc)
-        raise exc
-
     previous: dict[signal.Signals, Any] = {}
     try:
         for sig in signals:
             previous[sig] = signal.signal(sig, handle)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # another's handler is kept
-            previous[signal.SIGINT] = signal.signal(signal.SIGINT, ctrl_c)
         yield seen
     except Exception as exc:
         # A library that checks for signals inside its own loop turns our Terminated into its own
