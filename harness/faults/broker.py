@@ -127,6 +127,7 @@ def restart_service(stack: Endpoints, service: str) -> float:
             user=recipe.user,
             detached=recipe.detached,
             cwd=Path(recipe.cwd) if recipe.cwd else None,
+            owner=recipe.owner(),
         )
     )
     _RESPAWNED[recipe.tag] = proc

@@ -29,7 +29,7 @@ from harness.stack import bootstrap, topology
 from harness.stack.base import Endpoint, Endpoints
 from harness.stack.local_recipes import FIXTURES, Ports, Recipes, pg_data_dir
 from harness.stack.local_state import ServiceRecipe, prune_stack_logs, stop_tagged
-from harness.stack.procs import Managed, claim_paths, reap_orphans, release_paths, spawn, stop
+from harness.stack.procs import Managed, Owner, claim_paths, reap_orphans, release_paths, spawn, stop
 from harness.stack.waits import Wait, port_open, wait_each
 from harness.stack.wiring import START_TIMEOUT_S, create_proxies, readiness
 
@@ -143,7 +143,18 @@ class LocalProvider:
         cmd = self._recipes.command(service, fresh=fresh)
         argv = [str(a) for a in cmd.argv]
         recipe_cwd = str(cmd.cwd) if cmd.cwd else None
-        ServiceRecipe(service, argv, cmd.user, str(log), tag, self.detached, recipe_cwd).save(self.state_dir)
+        owner = None if self.detached else Owner.me()
+        ServiceRecipe(
+            service,
+            argv,
+            cmd.user,
+            str(log),
+            tag,
+            self.detached,
+            recipe_cwd,
+            owner_pid=owner.pid if owner else None,
+            owner_start=owner.start if owner else None,
+        ).save(self.state_dir)
         self.procs[service] = spawn(
             argv, name=service, tag=tag, log_path=log, user=cmd.user, detached=self.detached, cwd=cmd.cwd
         )

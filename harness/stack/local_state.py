@@ -23,6 +23,7 @@ from pathlib import Path
 from harness.errors import ConfigError
 from harness.paths import stacks_root
 from harness.stack.procs import (
+    Owner,
     _has_tag,
     _registry,
     claimed_tags,
@@ -51,6 +52,14 @@ class ServiceRecipe:
     tag: str
     detached: bool
     cwd: str | None = None  # defaulted: recipes written before it existed still load
+    # The process that started the stack (None: detached): a copy another process restarts is its
+    # too, so it outlives that process (a soak in a child of the benchmark) and dies with the stack.
+    owner_pid: int | None = None
+    owner_start: int | None = None
+
+    def owner(self) -> Owner | None:
+        """Return the stack's owner, or None for a detached stack (or a recipe older than the field)."""
+        return None if self.owner_pid is None else Owner(self.owner_pid, self.owner_start)
 
     @staticmethod
     def path(state_dir: str | Path, service: str) -> Path:

@@ -15,6 +15,10 @@ kills a dead owner's processes also removes its paths, so a SIGKILLed run leaks 
 the next start.
 
 A *detached* process (``txchaos up``) has no owner: only ``txchaos down`` stops it.
+
+The process that spawns a child reaps it the moment it ends, whoever ended it (a broker fault
+sent from another process): a zombie keeps its pid, and Postgres refuses to start again on a
+data folder whose ``postmaster.pid`` names a pid that still answers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -125,18 +130,23 @@ def spawn(
     detached: bool = False,
     stdin_pipe: bool = False,
     stdout_pipe: bool = False,
+    owner: Owner | None = None,
 ) -> Managed:
     """Start ``argv`` in a new process group with output to ``log_path``, and record it.
 
     Call it from a thread that outlives the child (the main thread): PDEATHSIG fires when the
-    spawning *thread* exits. ``stdin_pipe`` / ``stdout_pipe`` give the child pipes on stdin /
-    stdout (``popen.stdin`` / ``popen.stdout``; stderr still goes to the log). A ``user`` child
+    spawning *thread* exits. ``owner``: the process the child belongs to when that is not this
+    one (a service a soak's child process restarts belongs to the stack's owner): the child then
+    outlives this process, and the reaper kills it once its owner is gone (no PDEATHSIG).
+    ``stdin_pipe`` / ``stdout_pipe`` give the child pipes on stdin / stdout (``popen.stdin`` /
+    ``popen.stdout``; stderr still goes to the log). A ``user`` child
     runs with that account's uid *and* gid and no other group (see ``account``).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
     full_env[TAG_VAR] = tag
-    preexec: Callable[[], None] | None = None if detached else _die_with_parent
+    mine = not detached and (owner is None or owner.pid == os.getpid())
+    preexec: Callable[[], None] | None = _die_with_parent if mine else None
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
             list(argv),
@@ -149,8 +159,31 @@ def spawn(
             start_new_session=True,
             preexec_fn=preexec,
         )
-    record = write_record(popen.pid, name=name, tag=tag, argv0=argv[0], detached=detached)
+    threading.Thread(target=_reap, args=(popen,), name=f"reap-{name}-{popen.pid}", daemon=True).start()
+    record = write_record(popen.pid, name=name, tag=tag, argv0=argv[0], detached=detached, owner=owner)
     return Managed(name=name, popen=popen, log_path=log_path, record=record, tag=tag)
+
+
+def _reap(popen: subprocess.Popen[bytes]) -> None:
+    """Wait for ``popen`` so it never lingers as a zombie; ``poll`` and ``wait`` elsewhere still
+    see its exit code (``Popen`` hands it over under its own lock)."""
+    with contextlib.suppress(Exception):
+        popen.wait()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process a spawned process belongs to: the reaper kills what it leaves once it is gone.
+
+    ``start`` is its kernel start time, so a reused pid is not mistaken for it.
+    """
+
+    pid: int
+    start: int | None
+
+    @classmethod
+    def me(cls) -> Owner:
+        return cls(os.getpid(), start_time(os.getpid()))
 
 
 def account(user: str | None) -> dict[str, Any]:
@@ -168,9 +201,12 @@ def account(user: str | None) -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def write_record(pid: int, *, name: str, tag: str, argv0: str, detached: bool = False) -> Path:
-    """Record ``pid`` (which carries ``tag`` in its environment) so a later start reaps it if leaked."""
-    owner = None if detached else os.getpid()
+def write_record(
+    pid: int, *, name: str, tag: str, argv0: str, detached: bool = False, owner: Owner | None = None
+) -> Path:
+    """Record ``pid`` (which carries ``tag`` in its environment) so a later start reaps it if leaked
+    (once ``owner``, this process by default, is gone; never when ``detached``)."""
+    who = None if detached else owner or Owner.me()
     record = _registry() / f"{tag.replace('/', '_')}-{pid}.json"
     record.write_text(
         json.dumps(
@@ -178,8 +214,8 @@ def write_record(pid: int, *, name: str, tag: str, argv0: str, detached: bool = 
                 "pid": pid,
                 "tag": tag,
                 "name": name,
-                "owner_pid": owner,
-                "owner_start": start_time(owner) if owner else None,
+                "owner_pid": who.pid if who else None,
+                "owner_start": who.start if who else None,
                 "argv0": argv0,
             }
         )

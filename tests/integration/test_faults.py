@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -377,6 +379,33 @@ def test_kafka_kill9_keeps_acknowledged_records(own_stack: tuple[LocalProvider, 
         assert not kafka.broker_ready(ep.kafka.address, 1.0)
     log.info("kafka restart: %.2f s", fault.restart_s or -1)
     assert sorted(kafka.consume_all(ep.kafka.address, topic, expect=10)) == sorted(values)
+
+
+def test_postgres_killed_and_restarted_by_another_process_comes_back_and_outlives_it(
+    own_stack: tuple[LocalProvider, Endpoints], tmp_path: Path
+) -> None:
+    """The soak benchmark's case: this process owns the stack, a child process kills and restarts
+    Postgres (twice), then ends. Before the owner reaped its children at once, the killed
+    postmaster stayed a zombie here and the restart refused to start ("lock file postmaster.pid
+    already exists"); and a copy the child started died with the child (PDEATHSIG)."""
+    _, ep = own_stack
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(ep.to_json())
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from harness import faults
+        from harness.stack.base import Endpoints
+        ep = Endpoints.from_json(Path({str(endpoints)!r}).read_text())
+        for _ in range(2):
+            with faults.active(faults.KillBroker("postgres").on(ep)) as fault:
+                pass
+            print(f"restart {{fault.restart_s:.2f}} s", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log.info("postgres restarted from a child process: %s", done.stdout.split())
+    time.sleep(0.5)  # PDEATHSIG, had the copy been given it, fires as the child ends
+    db.ping(ep.postgres_url)
 
 
 @pytest.mark.kafka

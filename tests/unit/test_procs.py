@@ -199,3 +199,49 @@ def test_a_start_keeps_the_newest_logs_of_stopped_stacks_and_every_live_stack(
 
     assert sorted(p.name for p in removed) == names[1:3]
     assert sorted(p.name for p in stacks.iterdir()) == sorted([names[0], *names[3:], "docker-project"])
+
+
+def test_a_child_killed_by_another_process_leaves_no_zombie(tmp_path: Path) -> None:
+    # A broker fault sent from a soak's child process kills a server this process spawned; nobody
+    # here polls it. A zombie keeps its pid, and Postgres will not start while its postmaster.pid
+    # names a pid that answers.
+    proc = procs.spawn(["sleep", "300"], name="sleeper", tag="test/reaped", log_path=tmp_path / "s.log")
+    subprocess.run(["kill", "-9", str(proc.pid)], check=True)
+    deadline = time.monotonic() + 5
+    while procs.start_time(proc.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert procs.start_time(proc.pid) is None, "the killed child stayed a zombie"
+    assert proc.popen.poll() == -signal.SIGKILL
+    assert not proc.alive()
+
+
+def test_a_copy_spawned_for_another_owner_outlives_its_spawner_and_names_that_owner(tmp_path: Path) -> None:
+    # A soak in a child of the benchmark restarts a server of the benchmark's stack: the copy must
+    # live on after the soak's process ends, and belong to the stack's owner (this process).
+    me = procs.Owner.me()
+    spawner = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            from pathlib import Path
+            from harness.stack.procs import Owner, spawn
+            p = spawn(["sleep", "300"], name="copy", tag="test/owned", log_path=Path({str(tmp_path)!r}) / "c.log",
+                      owner=Owner({me.pid}, {me.start}))
+            print(p.pid, flush=True)
+        """),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    )
+    copy = int(spawner.stdout.split()[0])
+    try:
+        time.sleep(0.3)  # PDEATHSIG, had it been set, fires as the spawner exits
+        assert procs.start_time(copy) is not None, "the copy died with the process that spawned it"
+        (record,) = (Path(os.environ["TXCHAOS_CACHE"]) / "procs").glob("test_owned-*.json")
+        assert json.loads(record.read_text())["owner_pid"] == me.pid
+        assert procs.reap_orphans() == []  # its owner lives
+    finally:
+        procs.kill_group(copy, signal.SIGKILL)
