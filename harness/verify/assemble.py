@@ -21,7 +21,6 @@ MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for h
 # Counts stay exact; each class keeps its first examples in op order, so every class found has some
 # (one cap over all classes left the later ones none once the first ones had thousands).
 WITNESSES_PER_CLASS = 100
-MAX_OVERLAY_WINDOWS = 64  # fault windows that get per-window operation counts
 FOREVER_NS = 2**63 - 1  # end of a fault window still open when the run ended
 
 
@@ -152,11 +151,10 @@ def build_stats(agg: Aggregates, windows: list[FaultWindow], unmatched_ends: int
     overlay = []
     for i, w in enumerate(windows):
         entry = w.to_dict()
-        if i < MAX_OVERLAY_WINDOWS:
-            counts = agg.overlays.get(i, {})
-            entry["ops"] = counts.get("ops", 0)
-            entry["redelivered_ops"] = counts.get("redelivered_ops", 0)
-            entry["anomalies"] = {c: counts[c] for c in ANOMALY_CLASSES if counts.get(c)}
+        counts = agg.overlays.get(i, {})
+        entry["ops"] = counts.get("ops", 0)
+        entry["redelivered_ops"] = counts.get("redelivered_ops", 0)
+        entry["anomalies"] = {c: counts[c] for c in ANOMALY_CLASSES if counts.get(c)}
         overlay.append(entry)
     stats.update(
         operations=agg.operations,
@@ -221,7 +219,7 @@ def make_verdict(
     """
     anomalies = {c: int(agg.anomalies.get(c, 0)) for c in ANOMALY_CLASSES}
     stats = build_stats(agg, windows, unmatched_ends)
-    faults = fired.account(fault_rows or [], windows, agg.overlays, MAX_OVERLAY_WINDOWS)
+    faults = fired.account(fault_rows or [], windows, agg.overlays)
     stats["faults_fired"], stats["faults_requested"] = fired.fired_count(faults)
     return Verdict(anomalies, witnesses, stats, engine, scenario, seed, timing=timing, faults=faults)
 

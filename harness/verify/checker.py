@@ -29,7 +29,6 @@ from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, segments_b
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
-    MAX_OVERLAY_WINDOWS,
     MAX_WITNESS_EVENTS,
     WITNESSES_PER_CLASS,
     Aggregates,
@@ -126,7 +125,7 @@ def _dicts(con: duckdb.DuckDBPyConnection, query: str) -> list[dict[str, Any]]:
 
 
 def _windows_table(con: duckdb.DuckDBPyConnection, windows: list[FaultWindow]) -> None:
-    rows = ", ".join(f"({i}, {w.start_ns}, {w.end})" for i, w in enumerate(windows[:MAX_OVERLAY_WINDOWS]))
+    rows = ", ".join(f"({i}, {w.start_ns}, {w.end})" for i, w in enumerate(windows))
     con.execute("CREATE TEMP TABLE win (i INTEGER, s BIGINT, e BIGINT)")
     if rows:
         con.execute(f"INSERT INTO win VALUES {rows}")

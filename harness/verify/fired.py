@@ -11,8 +11,9 @@ Rules:
 - a crash or trap arm fired when a ``crash``/``forced_redelivery`` event names its arm id, or
   (traps, which do not know the arm) the same point on the arm's operation, each event used once;
 - a fault window fired when at least one operation was in flight while it was open (its span
-  overlaps the window): a fault over an idle flow proved nothing. Windows past the verdict's
-  per-window overlay limit are not measured (``fired`` is None) and never count as unfired.
+  overlaps the window): a fault over an idle flow proved nothing. Every window is measured; a
+  verdict written before that (its first 64 windows only) says ``fired: None`` for the rest,
+  which never counts as unfired.
 """
 
 from __future__ import annotations
@@ -110,23 +111,23 @@ def _arms(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def account(
-    rows: list[dict[str, Any]], windows: list[Any], overlays: dict[int, dict[str, int]], measured: int
+    rows: list[dict[str, Any]], windows: list[Any], overlays: dict[int, dict[str, int]]
 ) -> tuple[dict[str, Any], ...]:
     """Return one entry per requested crash, trap and fault window, in request order.
 
     ``windows`` are the paired fault windows (``assemble.FaultWindow``), ``overlays`` the engine's
-    per-window operation counts for the first ``measured`` of them.
+    per-window operation counts (a window no operation overlapped has none).
     """
     rows = sorted(rows, key=_order)
     entries = _arms(rows)
     for i, w in enumerate(windows):
-        ops = overlays.get(i, {}).get("ops", 0) if i < measured else None
+        ops = overlays.get(i, {}).get("ops", 0)
         entry: dict[str, Any] = {
             "type": "fault",
             "name": w.fault,
             "armed_ns": w.start_ns,
             "end_ns": w.end_ns,
-            "fired": None if ops is None else ops > 0,
+            "fired": ops > 0,
             "ops_in_window": ops,
         }
         if ops:

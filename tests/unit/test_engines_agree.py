@@ -64,6 +64,7 @@ class Window:
     name: str
     first_op: int  # starts half-way through this op ...
     last_op: int  # ... and ends half-way through this one
+    closed: bool = True  # False: still open when the run ended (no fault_end)
 
 
 def _events(i: int, op: Op) -> list[tuple[int, str, Kind, dict[str, Any]]]:
@@ -138,7 +139,8 @@ def write_ledger(run: Path, ops: list[Op], windows: list[Window]) -> None:
     rows = [e for i, op in enumerate(ops) for e in _events(i, op)]
     for w in windows:
         rows.append((T0 + w.first_op * S + 500 * MS, "faults", Kind.FAULT_START, {"point": w.name}))
-        rows.append((T0 + w.last_op * S + 500 * MS, "faults", Kind.FAULT_END, {"point": w.name}))
+        if w.closed:
+            rows.append((T0 + w.last_op * S + 500 * MS, "faults", Kind.FAULT_END, {"point": w.name}))
     seg = run / "ledger" / "segments"
     seg.mkdir(parents=True)
     by_src: dict[str, list[dict[str, Any]]] = {}
@@ -156,7 +158,7 @@ def write_ledger(run: Path, ops: list[Op], windows: list[Window]) -> None:
 
 
 def _bounds(w: Window) -> tuple[int, int]:
-    return T0 + w.first_op * S + 500 * MS, T0 + w.last_op * S + 500 * MS
+    return T0 + w.first_op * S + 500 * MS, T0 + w.last_op * S + 500 * MS if w.closed else 2**63 - 1
 
 
 def expected_faults(i: int, op: Op, windows: list[Window]) -> set[str]:
@@ -244,6 +246,40 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
     # each class's first in op order, the classes in their order: duplicate-effect, then orphan-00000 on
     assert remote.witnesses[0] == loop
     assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(WITNESSES_PER_CLASS)]
+
+
+def test_engines_measure_every_fault_window_of_a_long_run(spark_engine: Any, tmp_path: Path) -> None:
+    """A soak opens hundreds of windows: each gets its operation count and its fired flag, from
+    both engines alike. Windows nest, one lasts no time, one is still open at the end, one opens
+    before the first operation and one after the last (neither fires), and operations whose sink
+    clock runs 5 s behind span several of the Spark engine's time slots."""
+    import random
+
+    rng = random.Random(7)
+    kinds = ["normal", "normal", "redelivered", "duplicate-effect", "lost", "stuck"]
+    ops = [Op(kinds[i % len(kinds)], skew=i % 7 == 0) for i in range(300)]
+    windows = [Window(f"w{j:03d}", a, a + rng.choice((0, 1, 1, 2, 3, 8))) for j, a in enumerate(range(2, 290, 2))]
+    windows += [Window("nested", 40, 41), Window("open", 250, 0, closed=False)]
+    windows += [Window("before", -20, -10), Window("after", 400, 402)]
+    assert len(windows) > 64  # more than the verdicts before this measured
+    write_ledger(tmp_path, ops, windows)
+    spark, session = spark_engine
+    local = checker.check_run(tmp_path, FlowContract())
+    remote = spark.check_run(tmp_path, FlowContract(), spark=session)
+    assert compare_verdicts(local, remote) == []
+    expected = {w.name: sum(w.name in expected_faults(i, op, windows) for i, op in enumerate(ops)) for w in windows}
+    assert expected["before"] == expected["after"] == 0
+    assert expected["open"] == 49  # ops 251-299; op 250 ("lost") ends before its half-second
+    for verdict in (local, remote):
+        measured = {e["fault"]: e["ops"] for e in verdict.stats["fault_windows"]}
+        assert measured == expected
+        fired = {e["name"]: e["fired"] for e in verdict.faults if e["type"] == "fault"}
+        assert fired == {name: n > 0 for name, n in expected.items()}
+        idle = {name for name, n in expected.items() if n == 0}  # "before", "after", short ones between ops
+        assert {"before", "after"} < idle
+        assert set(verdict.unfired) == {
+            f"fault {n} never fired: no operation was in flight while it was open" for n in idle
+        }
 
 
 def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,7 +120,7 @@ def test_a_run_without_requests_or_with_anomalies_is_judged_as_before() -> None:
     assert found.exit_code == 1
     assert "also unfired: crash p" in found.headline()
     unmeasured = replace(base, faults=({"type": "fault", "name": "f", "fired": None},))
-    assert unmeasured.clean, "a window past the overlay limit is not measured, never called unfired"
+    assert unmeasured.clean, "a window an older verdict did not measure is never called unfired"
     assert set(OUTCOMES) == {"clean", "anomalies", "incomplete", "unfired"}
 
 
