@@ -10,6 +10,7 @@ from harness.clients import db, kafka
 from harness.clients.activemq import StompClient, drain
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.stack.base import Endpoints
+from harness.stack.hold import StackHold
 
 
 @dataclass
@@ -35,17 +36,20 @@ class Resetter:
         self.topics.update(names)
 
     def reset(self) -> float:
-        """Heal the network first (the rest needs it), then empty everything; returns seconds."""
+        """Heal the network first (the rest needs it), then empty everything; returns seconds.
+
+        Refused (``ConfigError``) while a run holds the stack: it would empty that run's tables."""
         started = time.perf_counter()
-        self._proxy.reset()
-        db.truncate_all(self._engine)
-        if self.queues:
-            ep = self.endpoints.stomp
-            with StompClient(ep.host, ep.port, client_id="txchaos-reset", heartbeats=(0, 0)) as client:
-                for _ in drain(client, sorted(self.queues), idle_s=0.05):
-                    pass
-        if self.topics:
-            kafka.purge_topics(self.endpoints.kafka.address, sorted(self.topics))
+        with StackHold(self.endpoints, "a reset between tests"):
+            self._proxy.reset()
+            db.truncate_all(self._engine)
+            if self.queues:
+                ep = self.endpoints.stomp
+                with StompClient(ep.host, ep.port, client_id="txchaos-reset", heartbeats=(0, 0)) as client:
+                    for _ in drain(client, sorted(self.queues), idle_s=0.05):
+                        pass
+            if self.topics:
+                kafka.purge_topics(self.endpoints.kafka.address, sorted(self.topics))
         self.last_s = time.perf_counter() - started
         return self.last_s
 

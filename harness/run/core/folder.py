@@ -39,6 +39,12 @@ class RunFolder:
             (path / sub).mkdir(parents=True, exist_ok=True)
         return cls(path)
 
+    def discard_unused(self) -> None:
+        """Remove the folder of a run that never began, if every file in it is empty (nothing recorded)."""
+        files = [f for f in self.path.rglob("*") if f.is_file()]
+        if all(f.stat().st_size == 0 for f in files):
+            shutil.rmtree(self.path, ignore_errors=True)
+
     @property
     def run_id(self) -> str:
         return self.path.name

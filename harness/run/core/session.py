@@ -44,6 +44,7 @@ from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
 from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
 from harness.stack.base import Endpoints
+from harness.stack.hold import StackHold
 from harness.stack.procs import free_ports
 from harness.verify import declared
 from harness.worker.crash import CrashArm, write_arms
@@ -101,6 +102,7 @@ class RunSession:
         self._started = 0.0
         self._result: RunResult | None = None
         self._faults = ExitStack()  # the faults ``Open`` applied, healed by ``Heal`` or on close
+        self._stack_hold: StackHold | None = None  # held from ``open`` until healed
         self.topology: Topology = topology(self)
         self.processes: Processes = processes(self)
         self.workload: Workload = flow.parts.workload(self, self.topology)
@@ -142,6 +144,12 @@ class RunSession:
     def open(self, *, start_workers: bool = True) -> Self:
         """Reset the stack's state for this run, provision the flow and start its workers."""
         spec, ep, folder = self.spec, self.endpoints, self.folder
+        try:  # before anything touches the stack: another run may be using it
+            self._stack_hold = StackHold(ep, f"the run {folder.path}")
+        except ConfigError:
+            self.ledger.close()
+            folder.discard_unused()  # made a moment ago, nothing in it: leave nothing behind
+            raise
         self._started = time.monotonic()
         self._live = True
         begin_run(spec, ep, folder, self.ledger)
@@ -204,8 +212,12 @@ class RunSession:
                 self._engine.dispose()
                 self._engine = None
             took = round(time.monotonic() - self._started, 3)
-            self.ledger.emit(Kind.RUN_END, took_s=took)
-            self.folder.finish(self.endpoints, took_s=took)
+            try:
+                self.ledger.emit(Kind.RUN_END, took_s=took)
+                self.folder.finish(self.endpoints, took_s=took)
+            finally:
+                if self._stack_hold is not None:
+                    self._stack_hold.release()
 
     def __enter__(self) -> Self:
         return self.open()
