@@ -109,6 +109,7 @@ def summarize(
     return summary.withColumn("skew", F.when(diff < 0, 1).otherwise(0)), flags
 
 
+CASE_WINDOWS = 64  # up to this many windows, a CASE per window; beyond, the time-slot join
 SLOT_KEY = 1 << 40  # exploded values from here on are time slots (plus this), not window indices
 SLOT_MIN_S, SLOT_MAX_S = 1.0, 60.0  # bounds of a time slot's width (the windows' median length)
 
@@ -174,8 +175,9 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     """Return the summary aggregated by latency bucket, by fault window, and the witnesses' bitmaps.
 
     One pass: each operation row is exploded into its base row (w = -1, k = latency bucket), one
-    row per fault window its span overlaps (w >= 0, through ``_overlaps``: one row per time slot
-    the span touches, joined to the windows in that slot), and one row per anomaly it shows
+    row per fault window its span overlaps (w >= 0: a CASE per window up to ``CASE_WINDOWS``, the
+    cheapest for a few; beyond, ``_overlaps``: one row per time slot the span touches, joined to
+    the windows in that slot, whose cost follows the overlaps), and one row per anomaly it shows
     (w = -2 - class index, k = op_id div 64, ``bits`` its bit in that block of 64 operations).
     Everything is summed by (w, k); of each class's anomaly rows only its first
     ``assemble.WITNESSES_PER_CLASS`` blocks in op_id order reach the driver: they hold every witness
@@ -185,13 +187,18 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     # -99 is "no row": array_remove drops it in compiled code (a filter lambda is interpreted)
     none = -99
     shows = [F.when(F.col(c) == 1, -2 - model.ANOMALY_CLASSES.index(cls)).otherwise(none) for cls, c in flags.items()]
-    w_col = F.array(F.lit(-1), *shows).cast("array<long>")
-    if windows:
+    few = len(windows) <= CASE_WINDOWS
+    hits = [
+        F.when(first.isNotNull() & (first <= w.end) & (last >= w.start_ns), i).otherwise(none)
+        for i, w in enumerate(windows if few else [])
+    ]
+    w_col = F.array(F.lit(-1), *hits, *shows).cast("array<long>")
+    if windows and not few:
         slots = _Slots.plan(windows)
         spans = F.sequence(slots.of(first) + SLOT_KEY, slots.of(last) + SLOT_KEY)
         w_col = F.concat(w_col, F.when(first.isNotNull(), spans).otherwise(F.array().cast("array<long>")))
     rows = summary.select(F.explode(F.array_remove(w_col, none)).alias("w"), "*")
-    if windows:
+    if windows and not few:
         rows = _overlaps(rows, slots)
     w, d = F.col("w"), F.col("deliveries")
     capped = F.least(d, F.lit(model.DELIVERY_HIST_CAP))
