@@ -184,7 +184,8 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     kept, whatever the anomaly count.
     """
     first, last = F.col("first_ns"), F.col("last_ns")
-    # -99 is "no row": array_remove drops it in compiled code (a filter lambda is interpreted)
+    # -99 is "no row": array_remove drops it in compiled code; a filter lambda is interpreted and
+    # array_except builds a hash set per operation (at 60 fault windows: 2.3 s vs 8.7 s per 10M events)
     none = -99
     shows = [F.when(F.col(c) == 1, -2 - model.ANOMALY_CLASSES.index(cls)).otherwise(none) for cls, c in flags.items()]
     few = len(windows) <= CASE_WINDOWS
@@ -192,11 +193,12 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
         F.when(first.isNotNull() & (first <= w.end) & (last >= w.start_ns), i).otherwise(none)
         for i, w in enumerate(windows if few else [])
     ]
-    w_col = F.array(F.lit(-1), *hits, *shows).cast("array<long>")
+    w_col = F.array(F.lit(-1), *hits, *shows)
     if windows and not few:
         slots = _Slots.plan(windows)
         spans = F.sequence(slots.of(first) + SLOT_KEY, slots.of(last) + SLOT_KEY)
-        w_col = F.concat(w_col, F.when(first.isNotNull(), spans).otherwise(F.array().cast("array<long>")))
+        no_span = F.array().cast("array<long>")
+        w_col = F.concat(w_col.cast("array<long>"), F.when(first.isNotNull(), spans).otherwise(no_span))
     rows = summary.select(F.explode(F.array_remove(w_col, none)).alias("w"), "*")
     if windows and not few:
         rows = _overlaps(rows, slots)
