@@ -59,12 +59,6 @@ class StackHold:
                 hint="wait until it ends, or give this run a stack of its own (`txchaos up` starts another; "
                 "TXCHAOS_ENDPOINTS names its endpoints.json)",
             ) from None
-        self.describe(holder)
-
-    def describe(self, holder: str) -> None:
-        """Say who holds the stack now (a run names its folder once it has one)."""
-        if self._file is None:
-            return
         self._file.seek(0)
         self._file.truncate()
         self._file.write(f"{holder} (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})\n")
