@@ -89,8 +89,8 @@ class Schedule:
 
     @property
     def windows(self) -> int:
-        """How many fault windows it opens."""
-        return sum(isinstance(t.step, Open) for t in self.entries)
+        """How many fault windows it opens (each a window in the ledger; a freeze at a crash point is an arm)."""
+        return sum(isinstance(t.step, Open | Freeze) for t in self.entries)
 
     def to_records(self) -> dict[str, Any]:
         def entry(t: Timed) -> dict[str, Any]:

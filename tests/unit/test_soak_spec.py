@@ -217,6 +217,27 @@ def test_the_nemesis_goes_on_while_the_flow_drains_but_arms_nothing_it_could_not
     driver._pace.close()
 
 
+def test_the_driver_counts_the_windows_the_ledger_holds_and_a_freeze_at_a_point_as_an_arm(tmp_path: Path) -> None:
+    # The ledger has a window per Open and per Freeze step; a freeze at a crash point is that
+    # crash's firing. A million-op soak counted 568 windows against its ledger's 486 (the freezes
+    # armed at points), so its stats could not be checked against its verdict.
+    from harness.run.spec.scenario import Crash
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    freeze_arm = ArmAhead(Crash("after_db_commit", action="freeze"), ahead=2)
+    entries = (Timed(0, freeze_arm), Timed(0, Open(*_latency())), Timed(0, Heal()), Timed(0, Freeze(0)))
+    schedule = Schedule(("latency", "crash", "pause"), 0, entries)
+    assert schedule.windows == 2
+    session = _Session(tmp_path)
+    driver = _Driver(Soak(spec, ops=10, window=10), session, schedule, progress=lambda _: None)  # type: ignore[arg-type]
+    driver.elapsed = lambda: 1.0  # type: ignore[method-assign]
+    driver.tick()  # everything is due
+    assert (driver.windows, driver.arms) == (2, 1)
+    assert driver.open_faults == ["freeze at after_db_commit", "freeze instance 0"]
+    driver._pace.close()
+
+
 def _latency() -> tuple[object, str]:
     from harness.faults import Latency
 
