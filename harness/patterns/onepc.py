@@ -14,15 +14,21 @@ inbox variants (``harness.patterns.kafka_consumer``) are written with too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
-from sqlalchemy import Result, text
+from sqlalchemy import Result, TextClause, text
 
 from harness.ledger.schema import Kind
 from harness.worker.base import HandlerContext
 
 TABLES = frozenset({"onepc_effects", "onepc_effects_unique"})
+
+
+@lru_cache(maxsize=64)
+def _sql(statement: str) -> TextClause:
+    """Return ``text(statement)``, built once per statement: ``text()`` parses its binds on every call."""
+    return text(statement)
 
 
 def _table(ctx: HandlerContext) -> str:
@@ -50,7 +56,7 @@ def insert(ctx: HandlerContext, table: str, columns: dict[str, object], suffix: 
     """
     binds = {f"c{i}": value for i, value in enumerate(columns.values())}
     values = ", ".join(f":{name}" for name in binds)
-    return ctx.db.execute(text(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({values}) {suffix}"), binds)
+    return ctx.db.execute(_sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({values}) {suffix}"), binds)
 
 
 def forward(ctx: HandlerContext) -> None:
@@ -82,7 +88,7 @@ def check_then_skip(ctx: HandlerContext) -> None:
     the unique table close the race.
     """
     table = _table(ctx)
-    found = ctx.db.execute(text(f"SELECT 1 FROM {table} WHERE op_id = :op LIMIT 1"), {"op": ctx.op}).first()
+    found = ctx.db.execute(_sql(f"SELECT 1 FROM {table} WHERE op_id = :op LIMIT 1"), {"op": ctx.op}).first()
     apply = partial(apply_effect, ctx, table)
     skip_or_apply(ctx, applied=found is not None, table=table, reason="effect already applied", apply=apply)
 
@@ -94,5 +100,5 @@ def check_then_skip_locked(ctx: HandlerContext) -> None:
     second delivery of the same operation wait until the first one's transaction ends, and then
     its check sees the committed effect.
     """
-    ctx.db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:op))"), {"op": ctx.op})
+    ctx.db.execute(_sql("SELECT pg_advisory_xact_lock(hashtext(:op))"), {"op": ctx.op})
     check_then_skip(ctx)
