@@ -40,10 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.bench.bare", description=__doc__.splitlines()[0])
     flows = parser.add_subparsers(dest="flow", required=True)
     amq = flows.add_parser("activemq", help="best-effort 1PC stage processes over STOMP")
-    amq.add_argument("--messages", type=int, default=20000, help="messages queued before the clock starts")
+    amq.add_argument("--messages", type=int, default=20000, help="messages sent while the workers consume")
     amq.add_argument("--workers", type=int, default=4, help="stage processes")
     kafka = flows.add_parser("kafka", help="inbox-offset batch consumers")
-    kafka.add_argument("--messages", type=int, default=200000, help="records produced before the clock starts")
+    kafka.add_argument("--messages", type=int, default=200000, help="records produced while consumed")
     kafka.add_argument("--consumers", type=int, default=1, help="consumer processes")
     kafka.add_argument("--partitions", type=int, default=3, help="partitions of the input topic")
     kafka.add_argument("--batch", type=int, default=500, help="records per poll and per DB transaction")
@@ -73,12 +73,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         provider.stop()
-    headers = ("flow", "messages", "effect rows", "processes", "path", "seconds", "ops/s")
+    headers = ["flow", "messages", "effect rows", "processes", "path", "seconds", "ops/s"]
+    headers += ["consuming s", "ops/s consuming"]
     table = Table(*headers, title="bare loop (no harness)")
     path = "Toxiproxy" if result.via_proxy else "direct"
     r = result
     table.add_row(
-        r.flow, str(r.messages), str(r.effects), str(r.workers), path, f"{r.seconds:.2f}", f"{r.ops_per_s:.0f}"
+        r.flow,
+        str(r.messages),
+        str(r.effects),
+        str(r.workers),
+        path,
+        f"{r.seconds:.2f}",
+        f"{r.ops_per_s:.0f}",
+        f"{r.consume_seconds:.2f}",
+        f"{r.consume_ops_per_s:.0f}",
     )
     console.print(table)
     return 0

@@ -12,8 +12,9 @@ high-water marks, no supervisor, no SQLAlchemy.
 
 Partitions are assigned by hand (consumer ``i`` takes partitions ``i, i + consumers, ...``)
 rather than through the group protocol, so no rebalance falls inside the measured time; offsets
-are still committed to the group. The clock runs from the first poll (every consumer starts at
-once, after all are connected) to the last batch's offset commit.
+are still committed to the group. A producer process produces the input while they consume. The
+clock runs from its first record (every process starts at once, after all are connected) to the
+last batch's offset commit.
 """
 
 from __future__ import annotations
@@ -185,12 +186,18 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
         pg.close()
 
 
-def _fill(job: _Job, prefix: str, messages: int) -> None:
-    """Produce ``messages`` records (key: the operation id) to the input topic (not timed)."""
-    out = _Producer(job, "bare-fill")
+def _producer(hand: Hand, job: _Job, prefix: str, messages: int) -> None:
+    """Produce ``messages`` records (key: the operation id) to the input topic from the start on,
+    as the consumers consume; reports ("filled", first record's time) once all are acknowledged."""
+    out = _Producer(job, f"bare-{hand.name}")
+    if not hand.ready_then_go():
+        return
+    first = time.monotonic()
     for i in range(messages):
         out.produce(job.topic_in, json.dumps({"op": f"{prefix}-{i}", "amount": 1}), f"{prefix}-{i}")
     out.flush()
+    hand.report("filled", first)
+    hand.stop.wait()  # a process that ends early reads as a crash to the crew
 
 
 def _tables(job: _Job) -> tuple[str, ...]:
@@ -240,6 +247,10 @@ def bare_kafka(
 ) -> BareResult:
     """Run ``consumers`` bare inbox-offset batch consumers over ``messages`` records; return the figure.
 
+    A producer produces the records from the start, as the consumers consume them (a soak submits
+    while its flow runs). The clock runs from the producer's first record to the last batch's
+    offset commit; ``consume_seconds`` from the consumers' first poll.
+
     Raises ``HarnessError`` unless every record left exactly one inbox row, one effect row and one output.
     """
     if min(messages, consumers, partitions, batch) < 1:
@@ -262,18 +273,20 @@ def bare_kafka(
         pg_run(endpoints, via_proxy, *_tables(job))
         create_topics(job.bootstrap, [job.topic_in], partitions=partitions)
         create_topics(job.bootstrap, [job.topic_out], partitions=partitions)
-        _fill(job, f"bare-{tag}", messages)
         deadline = time.monotonic() + 120 + messages / 500
         with Crew() as crew:
+            crew.spawn("producer", _producer, job, f"bare-{tag}", messages)
             for i, name in enumerate(names):
                 crew.spawn(name, _consumer, job, i)
             crew.start_all(deadline)
-            committed, last = 0, 0.0
-            while committed < messages:
+            committed, last, submitted = 0, 0.0, 0.0
+            while committed < messages or not submitted:
                 kind, _, payload = crew.next(deadline)
                 if kind == "batch":
                     committed += payload[0]
                     last = max(last, payload[1])
+                elif kind == "filled":
+                    submitted = payload
             crew.stop.set()
             done: dict[str, Any] = crew.collect("done", names, deadline)
         first = min(f for _, f in done.values())
@@ -288,4 +301,4 @@ def bare_kafka(
                 f"Kafka bare loop lost or doubled records: {messages} produced, {committed} committed, "
                 f"{inbox} inbox rows, {effects} effect rows ({distinct} ops), {outputs} outputs"
             )
-    return BareResult("kafka", messages, last - first, consumers, via_proxy, effects)
+    return BareResult("kafka", messages, last - submitted, consumers, via_proxy, effects, last - first)

@@ -42,10 +42,11 @@ READY_S = 60.0  # spawning a child re-imports the harness: slow on a loaded 2-co
 
 @dataclass(frozen=True)
 class BareResult:
-    """One bare loop's figure: ``messages`` done in ``seconds`` (the loop's own clock, see each loop).
+    """One bare loop's figure: ``messages`` done in ``seconds``, first submission to last output.
 
     ``effects`` is the effect rows counted in Postgres after the run (the loop raises unless it
-    is ``messages``); ``workers`` the processes doing the stage's work.
+    is ``messages``); ``workers`` the processes doing the stage's work; ``consume_seconds`` the
+    span from the first message consumed to the last output (the producer's time left out).
     """
 
     flow: str
@@ -54,6 +55,11 @@ class BareResult:
     workers: int
     via_proxy: bool
     effects: int
+    consume_seconds: float
+
+    @property
+    def consume_ops_per_s(self) -> float:
+        return self.messages / self.consume_seconds if self.consume_seconds > 0 else 0.0
 
     @property
     def ops_per_s(self) -> float:
@@ -191,10 +197,15 @@ class Crew:
 
     def collect(self, kind: str, names: list[str], deadline: float) -> dict[str, Any]:
         """Return each of ``names``'s ``kind`` report's payload (other reports are dropped)."""
+        return self.collect_each(dict.fromkeys(names, kind), deadline)
+
+    def collect_each(self, wanted: dict[str, str], deadline: float) -> dict[str, Any]:
+        """Return, for each name of ``wanted``, the payload of its report of the kind it maps to
+        (other reports are dropped)."""
         found: dict[str, Any] = {}
-        while len(found) < len(names):
+        while len(found) < len(wanted):
             got, name, payload = self.next(deadline)
-            if got == kind and name in names:
+            if wanted.get(name) == got:
                 found[name] = payload
         return found
 
