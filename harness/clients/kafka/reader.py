@@ -40,6 +40,7 @@ class TopicReader:
                 "enable.partition.eof": False,
                 "client.id": client_id,
                 "log_level": 2,  # a reader rides out a broker or proxy down; refusals are expected
+                "fetch.wait.max.ms": 50,
             }
         )
         start = start or {}
