@@ -11,10 +11,14 @@ from sqlalchemy import text
 
 from harness import Kind, StageContext
 
+# Each statement built once: text() parses its statement on every call (a cost on every message).
+PLACE = text("INSERT INTO orders (op_id, amount) VALUES (:op, :amount)")
+CLAIM = text("INSERT INTO orders_inbox (op_id) VALUES (:op) ON CONFLICT (op_id) DO NOTHING RETURNING op_id")
+
 
 def _place(ctx: StageContext) -> None:
     amount = int(ctx.body.get("amount", 1))
-    ctx.db.execute(text("INSERT INTO orders (op_id, amount) VALUES (:op, :amount)"), {"op": ctx.op, "amount": amount})
+    ctx.db.execute(PLACE, {"op": ctx.op, "amount": amount})
     ctx.record(Kind.EFFECT, table="orders")
 
 
@@ -30,10 +34,7 @@ def place_order(ctx: StageContext) -> None:
     A redelivered message finds its inbox row: the order is not placed again, but the
     notification is sent again, because the crash may have lost the first one.
     """
-    first = ctx.db.execute(
-        text("INSERT INTO orders_inbox (op_id) VALUES (:op) ON CONFLICT (op_id) DO NOTHING RETURNING op_id"),
-        {"op": ctx.op},
-    ).first()
+    first = ctx.db.execute(CLAIM, {"op": ctx.op}).first()
     if first is not None:
         _place(ctx)
     else:
