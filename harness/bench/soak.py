@@ -72,7 +72,7 @@ def _onepc(variant: str, nemesis: tuple[str, ...]) -> Callable[[int, int], Soak]
 def _kafka(nemesis: tuple[str, ...]) -> Callable[[int, int], Soak]:
     def build(ops: int, workers: int) -> Soak:
         spec = kafka_spec("inbox-offset-batch", ops, 500, 1, 3)
-        # A backlog as fast as the producer goes (the bare loop's fill), consumed in batches of 500.
+        # Submitted as fast as the producer goes (as the bare loop's producer does), consumed in batches of 500.
         return Soak(spec, ops=ops, workers=1, nemesis=nemesis, window=ops, quiesce_s=300)
 
     return build
