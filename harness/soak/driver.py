@@ -191,8 +191,8 @@ class _Driver:
             return
         if isinstance(step, ArmAhead):
             # A freeze at a crash point is an arm: the worker stops itself when it gets there, and
-            # the ledger has it as that crash's firing, not as a fault window (which ``windows``
-            # counts, as the ledger does: a soak's 568 "windows" against its ledger's 486 were these).
+            # the ledger has it as that crash's firing, not as a fault window. ``windows`` counts
+            # what the ledger holds as windows, so the two can be checked against each other.
             if step.crash.action == "freeze":
                 self.open_faults.append(f"freeze at {step.crash.point}")
             step = step.resolve(len(session.ops))
