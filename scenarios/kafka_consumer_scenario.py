@@ -14,6 +14,11 @@ partition moves to its restarted self once the dead member's session times out (
   order's DB work (``after_poll``) -> lost: that order and the rest of its batch
 - ``inbox-offset`` / ``inbox-event``: manual offset store, an inbox keyed by the record's
   (topic, partition, offset) or by its event id, killed in both windows -> clean
+- ``naive-batch`` / ``inbox-offset-batch``: ``naive`` and ``inbox-offset`` with one Postgres
+  transaction per batch (one INSERT applies the batch's effects; the inbox one first claims the
+  batch's offsets and applies only the new records'), killed as ``naive`` -> duplicate-effect on
+  all five, and in both windows -> clean. These are the consumers to soak for throughput:
+  ``txchaos soak kafka_consumer:inbox-offset-batch --workers 1 --option batch_size=500 --option partitions=3``
 - ``one-output``: ``inbox-event`` on a flow that promises one output per order
   (``FlowContract(exactly_once_output=True)``), the event produced after each DB commit, killed
   before the offset commit: the re-polled batch skips its effects but emits its events again
@@ -53,7 +58,7 @@ def expected_ops(variant: str, seed: int) -> set[int]:
     """Return the operation numbers the verdict must name for ``variant`` at ``seed``."""
     first, _ = crashed_op_indexes(seed)
     batch = batch_of(first, BATCH)
-    if variant == "naive":
+    if variant in ("naive", "naive-batch"):
         return set(batch)
     if variant == "one-output":  # at most these: see the module docstring
         return set(batch)
@@ -91,6 +96,7 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
 
     both = (Crash("before_offset_commit", op_index=first), Crash("after_poll", op_index=second))
     auto = {**manual, "offset_store": "auto", "commit": "record"}
+    batched = {**manual, "db_tx": "batch"}
     one_output = FlowContract(exactly_once_output=True)
     return {
         "naive": spec("naive", "naive", manual, both[:1], {"duplicate-effect"}),
@@ -100,6 +106,8 @@ def variants(seed: int = 0) -> dict[str, ScenarioSpec]:
         "auto-store": spec("auto-store", "naive", auto, (Crash("after_poll", op_index=first),), {"lost"}),
         "inbox-offset": spec("inbox-offset", "inbox_offset", manual, both, set()),
         "inbox-event": spec("inbox-event", "inbox_event", manual, both, set()),
+        "naive-batch": spec("naive-batch", "naive_batch", batched, both[:1], {"duplicate-effect"}),
+        "inbox-offset-batch": spec("inbox-offset-batch", "inbox_offset_batch", batched, both, set()),
         "one-output": spec("one-output", "inbox_event", manual, both[:1], {"duplicate-output"}, one_output),
         "one-output-txn": spec(
             "one-output-txn", "inbox_event", {**manual, "commit": "transaction"}, both[:1], set(), one_output

@@ -27,7 +27,6 @@ from typing import Any
 from rich.console import Console
 
 from harness.bench.bare import BareResult, bare_activemq, bare_kafka
-from harness.bench.kafka import spec as kafka_spec
 from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
 from harness.errors import HarnessError
 from harness.resources import scenarios_dir
@@ -69,11 +68,16 @@ def _onepc(variant: str, nemesis: tuple[str, ...]) -> Callable[[int, int], Soak]
     return build
 
 
+KAFKA_OPTIONS = {"batch_size": 500, "partitions": 3}  # the bare loop's batch and topic
+
+
 def _kafka(nemesis: tuple[str, ...]) -> Callable[[int, int], Soak]:
     def build(ops: int, workers: int) -> Soak:
-        spec = kafka_spec("inbox-offset-batch", ops, 500, 1, 3)
-        # Submitted as fast as the producer goes (as the bare loop's producer does), consumed in batches of 500.
-        return Soak(spec, ops=ops, workers=1, nemesis=nemesis, window=ops, quiesce_s=300)
+        (spec,) = resolve("kafka_consumer:inbox-offset-batch", 0, SCENARIOS)
+        # What `txchaos soak kafka_consumer:inbox-offset-batch --workers 1 --option batch_size=500
+        # --option partitions=3 --window OPS` runs: submitted as fast as the producer goes (no
+        # window, as the bare loop's producer sends), consumed in batches of 500.
+        return Soak(spec.with_options(KAFKA_OPTIONS), ops=ops, workers=1, nemesis=nemesis, window=ops, quiesce_s=300)
 
     return build
 

@@ -1,11 +1,13 @@
 """``txchaos soak SCENARIO[:VARIANT]``: a long run under a nemesis, one ledger judged by both engines.
 
 Options mirror ``Soak`` (``harness.soak``): ``--duration 10m`` or ``--ops N``, ``--workers K``,
-``--rate R`` (open loop; none: as fast as the flow goes), ``--seed S``, ``--nemesis`` (``default``,
-``none``, a comma list of kinds, or a soak folder's ``nemesis.json`` to run that schedule again),
-``--provider`` and ``--master`` (the Spark verification's master; ``--engine in-process`` skips
-Spark). Exit codes as ``txchaos run``; an interrupted soak exits 3 (4 when its evidence is
-incomplete) after it healed, closed its books and printed what it judged.
+``--rate R`` (open loop; none: as fast as the flow goes, at most ``--window N`` in flight),
+``--seed S``, ``--nemesis`` (``default``, ``none``, a comma list of kinds, or a soak folder's
+``nemesis.json`` to run that schedule again), ``--option KEY=VALUE`` (one of the scenario's
+options for this soak: a Kafka consumer's ``batch_size`` and ``partitions``), ``--provider`` and
+``--master`` (the Spark verification's master; ``--engine in-process`` skips Spark). Exit codes
+as ``txchaos run``; an interrupted soak exits 3 (4 when its evidence is incomplete) after it
+healed, closed its books and printed what it judged.
 """
 
 from __future__ import annotations
@@ -33,12 +35,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: o
     bound.add_argument("--ops", type=int, default=None, help="how many operations to submit")
     p.add_argument("--workers", type=int, default=2, help="worker processes (a service's instances); default 2")
     p.add_argument("--rate", type=float, default=None, help="operations a second (open loop); default: closed loop")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="closed loop: operations in flight at most (default 50 per worker, at least 200, and four "
+        "batches per partition for a flow that consumes in batches)",
+    )
     p.add_argument("--seed", type=seed, default=0)  # type: ignore[arg-type]
     p.add_argument(
         "--nemesis",
         default="default",
         help="default | none | a comma list of latency,reset,partition,timeout,kill,crash,broker,postgres "
         "| a soak folder's nemesis.json",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one of the scenario's options for this soak (repeat it), e.g. --option batch_size=500",
     )
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
     p.add_argument("--engine", choices=("spark", "in-process"), default="spark", help="the second verification")
@@ -70,15 +86,32 @@ def build_soak(args: argparse.Namespace) -> object:
     else:
         nemesis = parse_kinds(args.nemesis)
     duration = parse_duration(args.duration) if args.duration is not None else None
+    spec = specs[0].with_options(parse_options(args.option)) if args.option else specs[0]
     return Soak(
-        specs[0],
+        spec,
         ops=args.ops,
         duration_s=duration,
         workers=args.workers,
         rate=args.rate,
+        window=args.window,
         seed=args.seed,
         nemesis=nemesis,
     )
+
+
+def parse_options(given: list[str]) -> dict[str, object]:
+    """Return ``--option KEY=VALUE`` pairs as options: a VALUE that reads as JSON (``500``, ``true``)
+    is that value, any other is text."""
+    out: dict[str, object] = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--option {item!r} is not KEY=VALUE", hint="write it as e.g. --option batch_size=500")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def cmd_soak(args: argparse.Namespace) -> int:

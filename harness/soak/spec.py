@@ -48,7 +48,7 @@ class Soak:
     seed: int = 0
     nemesis: tuple[str, ...] | Schedule = DEFAULT
     pace: Pace = Pace()  # noqa: RUF009  (a frozen value)
-    window: int = 0  # closed loop: operations in flight at most (0: 50 per worker, at least 200)
+    window: int = 0  # closed loop: operations in flight at most (0: ``in_flight``'s default)
     quiesce_s: float = 120.0  # after the last submission and the final heal: how long the flow may take
     tick_s: float = 0.25  # how often the driver submits, applies what is due and reports
     expect: frozenset[str] | None = None  # the classes the soak should find (None: the scenario's own)
@@ -68,7 +68,7 @@ class Soak:
         if self.rate is not None:
             check_seconds("soak rate (ops/s)", self.rate, 0, 1_000_000, above_low=True)
         check_int("soak seed", self.seed, 0, 2**63 - 1)
-        check_int("soak window", self.window, 0, 1_000_000)
+        check_int("soak window", self.window, 0, MAX_OPS)
         check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)
         check_seconds("soak tick_s", self.tick_s, 0.01, 10)
         if self.expect is not None and not isinstance(self.expect, frozenset):
@@ -91,11 +91,22 @@ class Soak:
 
     @property
     def in_flight(self) -> int:
-        """The closed loop's window: operations submitted and not yet out, at most."""
-        return self.window or max(200, 50 * self.workers)
+        """The closed loop's window: operations submitted and not yet out, at most.
+
+        50 per worker (at least 200), and for a flow that consumes in batches (its options' typed
+        ``batch_size``) four full batches per partition (or worker, when there are more): a window
+        smaller than a batch would have every poll come back part full. A 200,000-op soak of the
+        Kafka batch consumer (batch 500, 3 partitions) ran at 6,775-6,906 ops/s with this window
+        (6,000), at 7,157-7,396 with no bound, at 6,741 with half of it.
+        """
+        settings = self.scenario.settings
+        batch = getattr(settings, "batch_size", 0)
+        lanes = max(getattr(settings, "partitions", 1), self.workers)
+        return self.window or max(200, 50 * self.workers, 4 * batch * lanes)
 
     @property
     def label(self) -> str:
         bound = f"{self.ops:,} ops" if self.ops is not None else f"{self.length_s:g}s"
         pace = f"{self.rate:g} ops/s" if self.rate else "closed loop"
-        return f"soak {self.scenario.label} ({bound}, {self.workers} workers, {pace})"
+        workers = f"{self.workers} worker" + ("s" if self.workers != 1 else "")
+        return f"soak {self.scenario.label} ({bound}, {workers}, {pace})"

@@ -109,3 +109,50 @@ def test_run_keeps_the_most_telling_exit_code(codes: list[int], expected: int) -
     from harness import cli
 
     assert functools.reduce(cli.most_telling, codes, 0) == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "named", "fix"),
+    [
+        ("bacth_size=500", "'bacth_size'", "batch_size"),  # a misspelt key would change nothing
+        ("batch_size=0", "batch_size=0", "from 1 to 10000"),  # the flow's own check
+        ("batch_size", "'batch_size'", "KEY=VALUE"),
+    ],
+)
+def test_a_soak_option_is_refused_naming_it_before_any_service_starts(
+    option: str, named: str, fix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(REPO / "no-such-endpoints.json"))  # never reached
+    assert main(["soak", "kafka_consumer:inbox-offset-batch", "--option", option]) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    assert fix in err, err
+
+
+def test_soak_options_change_the_scenario_and_its_window() -> None:
+    import argparse
+
+    from harness.cli.soak import build_soak
+    from harness.soak import Soak
+    from harness.worker.kafka_options import KafkaStageOptions
+
+    given = ["batch_size=500", "partitions=3", "commit=transaction"]
+    args = argparse.Namespace(
+        scenario=str(REPO / "scenarios/kafka_consumer_scenario.py:inbox-offset-batch"),
+        seed=0,
+        nemesis="none",
+        duration=None,
+        ops=1000,
+        workers=1,
+        rate=None,
+        window=0,
+        option=given,
+    )
+    soak = build_soak(args)
+    assert isinstance(soak, Soak)
+    settings = soak.scenario.settings_as(KafkaStageOptions)
+    assert (settings.batch_size, settings.partitions, settings.commit) == (500, 3, "transaction")
+    assert soak.in_flight == 4 * 500 * 3  # four full batches a partition
+    args.option, args.window = [], 50
+    assert build_soak(args).in_flight == 50  # type: ignore[attr-defined]

@@ -315,3 +315,12 @@ def test_a_slow_heal_pushes_the_rest_of_the_schedule_back_by_its_time(tmp_path: 
     driver.tick()
     assert driver.windows == 2
     driver._pace.close()
+
+
+def test_a_batching_flow_gets_a_window_of_four_full_batches_per_partition_or_worker() -> None:
+    (spec,) = resolve("kafka_consumer:inbox-offset-batch", 0, SCENARIOS)
+    assert Soak(spec, workers=1).in_flight == 200  # batches of 5 on one partition: the floor
+    wide = spec.with_options({"batch_size": 500, "partitions": 3})
+    assert Soak(wide, workers=1).in_flight == 6000
+    assert Soak(wide, workers=5).in_flight == 4 * 500 * 5
+    assert Soak(wide, workers=1, window=1000).in_flight == 1000

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import InitVar, dataclass, field
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field, fields, is_dataclass, replace
 from typing import TypeVar
 
 from harness.errors import ConfigError
@@ -324,6 +325,25 @@ class ScenarioSpec:
     @property
     def label(self) -> str:
         return f"{self.name}:{self.variant}"
+
+    def with_options(self, overrides: Mapping[str, object]) -> ScenarioSpec:
+        """Return this spec with some ``options`` changed (a soak's batch size, a topic's partitions).
+
+        A key must be one the spec already sets or one of its flow's typed options: a misspelt key
+        would otherwise reach no one and change nothing. The new spec is validated as any other.
+
+        >>> spec.with_options({"batch_size": 500, "partitions": 3}).settings_as(KafkaStageOptions).batch_size
+        500
+        """
+        typed = {f.name for f in fields(self.settings)} if is_dataclass(self.settings) else set()
+        known = set(self.options) | typed
+        for key in overrides:
+            if key not in known:
+                raise ConfigError(
+                    f"option {key!r} is not one {self.label} takes",
+                    hint=f"use one of {', '.join(sorted(known)) or '(none: this flow takes no options)'}",
+                )
+        return replace(self, options={**self.options, **overrides})
 
     def settings_as(self, kind: type[T]) -> T:
         """Return the flow's typed options (``settings``), checked to be a ``kind``.
