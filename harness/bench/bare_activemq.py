@@ -2,7 +2,7 @@
 
 Each worker process does per message what the harness's stage (``harness/worker/stage.py``
 running ``harness.patterns.onepc:check_then_skip``) does, in the same order: receive the message
-(``client-individual`` acks, ``activemq.prefetchSize:1``); STOMP BEGIN; a Postgres transaction
+(``client`` acks, ``activemq.prefetchSize:1``); STOMP BEGIN; a Postgres transaction
 (psycopg, autocommit off) that looks for the effect (``SELECT 1 ... WHERE op_id = %s``) and
 inserts it when it is not there; SEND the outgoing message (persistent) in the STOMP
 transaction; Postgres COMMIT; ACK in the STOMP transaction; STOMP COMMIT and wait for its
@@ -183,7 +183,7 @@ def _stage(hand: Hand, job: _Job) -> None:
     try:
         if not hand.ready_then_go():
             return
-        stomp.subscribe(job.queue_in, ack="client-individual", prefetch=1)
+        stomp.subscribe(job.queue_in, ack="client", prefetch=1)  # the stage's (``StageWorker._subscribe``)
         while not hand.stop.is_set():
             msg = stomp.receive(0.2)
             if msg is None:
