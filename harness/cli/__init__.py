@@ -303,11 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
         "`bare` (the machine's limit: broker and database work without the harness), "
         "`soak` (soaks beside the bare loops, verified by both engines), `journal` (the broker's journal "
         "sync under kill -9: what turning it off would lose), `compact` (the close of finished runs: "
-        "compaction and verdict, wall and peak RSS)",
+        "compaction and verdict, wall and peak RSS), `acks` (a STOMP subscription's transacted ACKs over its life)",
     )
     p.add_argument(
         "what",
-        choices=("stack", "verify", "machines", "kafka", "traps", "services", "bare", "soak", "journal", "compact"),
+        choices=(
+            "stack",
+            "verify",
+            "machines",
+            "kafka",
+            "traps",
+            "services",
+            "bare",
+            "soak",
+            "journal",
+            "compact",
+            "acks",
+        ),
     )
     p.set_defaults(func=cmd_bench, passthrough="bench_args")
     return parser

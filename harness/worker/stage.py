@@ -89,8 +89,8 @@ class StageWorker(WorkerRuntime):
         ``client-individual`` ACK would. ``client-individual`` ACKs made in transactions are never
         dropped by ActiveMQ's STOMP subscription (6.1.8 clears its list of transacted acks on
         COMMIT in ``client`` mode only), and every COMMIT scans that list: a subscription's commits
-        slow as it ages (one subscriber: 1,241 down to 641-761 acks/s within 30,000 messages; a
-        100,000-op soak from 462 to 267 ops/s, 90 % of the broker's CPU in that scan).
+        slow as it ages (``txchaos bench acks``; a 100,000-op soak fell from 462 to 267 ops/s with
+        90 % of the broker's CPU in that scan, and holds about 500 with ``client`` acks).
         """
         return client.subscribe(self.spec.input_queue, ack="client", prefetch=1)
 
