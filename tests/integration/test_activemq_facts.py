@@ -191,3 +191,50 @@ def test_redelivery_plugin_redelivers_then_dead_letters() -> None:
             client.send(q2, "poison")
             count2, _ = _deliveries_until_dead(client, q2, disconnects=3)
         assert count2 == PLUGIN_DELIVERIES
+
+
+def test_client_acks_at_prefetch_1_ack_only_the_message_in_flight(txchaos_stack: Endpoints, stomp: StompClient) -> None:
+    """What the stage's ``client`` subscription relies on (``StageWorker._subscribe``), in the
+    stage's own sequences: a cumulative ACK committed with its transaction, a failed message
+    (ABORT of a transaction without its ACK) NACKed or released by a new subscription. Each touches
+    exactly the one message in flight, and the slot stays taken until it is given back."""
+    q, out = _queue(), _queue()
+    for body in ("m1", "m2", "m3", "m4"):
+        stomp.send(q, body)
+    sub = stomp.subscribe(q, ack="client", prefetch=1)
+
+    def take(expected: str) -> Message:
+        got = stomp.receive(5)
+        assert got is not None, f"{expected} did not come"
+        assert got.body == expected
+        return got
+
+    def fail(msg: Message) -> None:  # the handler failed: its SEND is aborted, the ACK never sent
+        tx = stomp.begin()
+        stomp.send(out, f"from-{msg.body}", transaction=tx)
+        stomp.abort(tx)
+        assert stomp.receive(1.5) is None, "the failed message gave up its slot before it was given back"
+
+    got = take("m1")
+    tx = stomp.begin()
+    stomp.ack(got, transaction=tx)
+    stomp.commit(tx)
+    m2 = take("m2")
+    fail(m2)
+    stomp.nack(m2)  # the stage's handler-error path and its "nack" action
+    fail(take("m3"))
+    stomp.unsubscribe(sub)  # the stage's abort_unsubscribe
+    stomp.subscribe(q, ack="client", prefetch=1)
+    seen = []
+    while (got := stomp.receive(3)) is not None:
+        seen.append((got.body, got.redelivered))
+        tx = stomp.begin()
+        stomp.ack(got, transaction=tx)
+        stomp.commit(tx)
+    assert seen == [("m3", True), ("m4", False)], "m1's commit or m2's NACK took another message with it"
+    with _client(txchaos_stack) as other:
+        dead = _one(other, dlq_name(q))
+        assert dead is not None
+        assert dead.body == "m2"
+        assert _one(other, dlq_name(q), timeout=1.0) is None, "the NACK dead-lettered more than m2"
+        assert _one(other, out, timeout=1.0) is None, "an aborted SEND was delivered"
