@@ -156,3 +156,18 @@ def test_soak_options_change_the_scenario_and_its_window() -> None:
     assert soak.in_flight == 4 * 500 * 3  # four full batches a partition
     args.option, args.window = [], 50
     assert build_soak(args).in_flight == 50  # type: ignore[attr-defined]
+
+
+def test_every_soak_command_in_the_soak_guide_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guide's commands build their soak (scenario, variant, options, nemesis); none runs."""
+    import re
+    import shlex
+
+    from harness.cli import build_parser
+    from harness.cli.soak import build_soak
+
+    monkeypatch.chdir(REPO)
+    commands = re.findall(r"^\$? ?txchaos (soak .+)$", (REPO / "docs/soak.md").read_text(), re.M)
+    assert len(commands) >= 4, commands
+    for command in commands:
+        build_soak(build_parser().parse_args(shlex.split(command)))
