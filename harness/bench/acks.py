@@ -22,7 +22,7 @@ import uuid
 
 from rich.console import Console
 
-from harness.bench.report import bench_parser, bench_stack, table, write_section
+from harness.bench.report import bench_parser, bench_stack, table, write_measured
 from harness.clients.activemq import StompClient, drain
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "dropped at each COMMIT. The stage subscribes with `client` acks and a prefetch of 1, where a "
             "cumulative ACK acks exactly the one message in flight."
         )
-        write_section(SECTION, f"Command: `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{what}\n\n{text}")
+        write_measured(SECTION, command, what, text)
     return 0
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from harness.bench.report import bench_parser, table, write_section
+from harness.bench.report import bench_parser, table, write_measured
 from harness.clients.activemq import StompClient, drain
 from harness.errors import HarnessError
 from harness.faults.broker import kill_service, restart_service
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "-9, restarted on the same data, and the trial's queue drained. A receipted message missing "
             "after the restart is lost. The commit rate is the senders' alone (no database, no harness)."
         )
-        write_section(SECTION, f"Command: `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{what}\n\n{text}")
+        write_measured(SECTION, command, what, text)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,12 @@ def write_section(title: str, body: str, doc: Path = DOC) -> Path:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
     return doc
+
+
+def write_measured(title: str, command: str, what: str, text: str) -> Path:
+    """Write the ``## title`` section as the command that reproduces it, today's date, what it
+    measures and its table."""
+    return write_section(title, f"Command: `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{what}\n\n{text}")
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:
