@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates = blocks(endpoints, mode, args.messages, args.block)
             rows.append([f"`{mode}`", *(f"{r:,.0f}" for r in rates), f"{rates[-1] / rates[0]:.0%}"])
             console.print(f"{mode}: " + ", ".join(f"{r:,.0f}" for r in rates) + " ACKs/s per block")
-    edges = [f"{b * args.block // 1000}k-{(b + 1) * args.block // 1000}k" for b in range(args.messages // args.block)]
+    edges = [f"{b * args.block:,}-{(b + 1) * args.block:,}" for b in range(args.messages // args.block)]
     text = table(["ack mode", *edges, "last / first"], rows)
     console.print(text)
     if not args.no_write:
