@@ -15,6 +15,7 @@ import pytest
 
 from harness.clients.activemq import Message, StompClient, dlq_name
 from harness.errors import HarnessError
+from harness.run.transports.activemq_sink import PREFETCH, Acks
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 
@@ -238,3 +239,42 @@ def test_client_acks_at_prefetch_1_ack_only_the_message_in_flight(txchaos_stack:
         assert dead.body == "m2"
         assert _one(other, dlq_name(q), timeout=1.0) is None, "the NACK dead-lettered more than m2"
         assert _one(other, out, timeout=1.0) is None, "an aborted SEND was delivered"
+
+
+def test_the_sinks_cumulative_acks_record_each_message_once_across_a_reconnect(txchaos_stack: Endpoints) -> None:
+    """What the sink's ``Acks`` relies on: a message recorded but not yet acked comes back to the
+    next connection with the same message id, marked redelivered, and is not recorded again; one
+    ``client`` ACK of a subscription's last message acks every message it had before (prefetch
+    above the batch); a second message with the same body is a new message, recorded."""
+    q = _queue()
+    with _client(txchaos_stack) as producer:
+        for n in range(30):
+            producer.send(q, f"m{n}")
+    acks = Acks()
+    recorded: list[str] = []
+
+    def read(expect: int) -> list[bool]:
+        with _client(txchaos_stack) as client:
+            client.subscribe(q, ack="client", prefetch=PREFETCH)
+            fresh = []
+            for _ in range(expect):
+                msg = client.receive(5)
+                assert msg is not None, f"only {len(fresh)} of {expect} messages came"
+                fresh.append(acks.fresh(msg))
+                if fresh[-1]:
+                    recorded.append(msg.body)
+                assert msg.redelivered == (not fresh[-1]), f"{msg.body}: redelivered={msg.redelivered}"
+            if len(recorded) == 31:
+                acks.flush(client)  # the second connection acks all 31 at once
+            assert client.receive(1.0) is None, "more messages than sent"
+        acks.reconnected()
+        return fresh
+
+    assert read(30) == [True] * 30  # recorded, never acked: the connection closes
+    with _client(txchaos_stack) as producer:
+        producer.send(q, "m0")  # the same body again: a message of its own
+    assert read(31) == [False] * 30 + [True]  # the 30 come back, redelivered, and are not recorded again
+    assert sorted(recorded) == sorted([f"m{n}" for n in range(30)] + ["m0"])
+    with _client(txchaos_stack) as client:  # one cumulative ACK took all 31
+        client.subscribe(q, ack="client", prefetch=PREFETCH)
+        assert client.receive(1.5) is None, "the cumulative ACK left a message unacked"

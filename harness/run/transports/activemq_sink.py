@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.clients import db
 from harness.clients.activemq import Message, StompClient, dlq_name, drain
@@ -26,6 +27,56 @@ def op_of(msg: Message) -> str | None:
 
 
 MAX_RECONNECTS = 20  # failed connects in a row: a broker away this long (about 30 s of waits) is not coming back
+ACK_EVERY = 100  # messages a subscription may hold unacked before the sink acks them together
+PREFETCH = 500  # the broker dispatches ahead of the acks; more than ACK_EVERY, so it never waits for one
+
+
+@dataclass
+class Acks:
+    """The sink's cumulative acks: one ACK per ``ACK_EVERY`` messages (or idle moment) a subscription.
+
+    The sink subscribes with ``client`` acks, so an ACK of a subscription's last message acks every
+    message it had before. One ACK a message cost the broker, the proxy and the sink about 3.7 s of
+    CPU per 20,000 messages more (measured on the local stack: broker 6.0 against 4.0 s, proxy
+    2.6 against 1.5 s, the sink 2.7 against 2.2 s); on two cores every second of that is taken
+    from the flow under test.
+
+    What the sink recorded but has not acked comes back after a reconnect, marked redelivered.
+    The harness reading an output twice is not the flow sending it twice, so ``seen`` keeps the
+    message ids recorded since the last ACK went out, and ``fresh`` is False for those: they are
+    acked again, not recorded again. A message a flow really sends twice is two messages, with
+    two ids.
+    """
+
+    every: int = ACK_EVERY
+    last: dict[str, Message] = field(default_factory=dict)  # subscription -> its last message unacked
+    seen: set[str] = field(default_factory=set)  # ids recorded, not yet acked (kept across reconnects)
+    held: int = 0
+
+    def fresh(self, msg: Message) -> bool:
+        """Take ``msg`` to ack later; True when the sink has not recorded it yet."""
+        self.last[msg.subscription] = msg
+        self.held += 1
+        if msg.message_id in self.seen:
+            return False
+        self.seen.add(msg.message_id)
+        return True
+
+    def due(self) -> bool:
+        return self.held >= self.every
+
+    def flush(self, client: StompClient) -> None:
+        """Ack every subscription's messages so far (a connection that fails here keeps ``seen``)."""
+        for msg in self.last.values():
+            client.ack(msg)
+        self.last.clear()
+        self.seen.clear()
+        self.held = 0
+
+    def reconnected(self) -> None:
+        """Forget the old connection's messages to ack (they come back); keep what was recorded."""
+        self.last.clear()
+        self.held = 0
 
 
 @dataclass
@@ -66,6 +117,7 @@ class Sink(SinkBase):
         self.stomp = stomp
         self.queues = queues
         self._connected = False  # whether the current attempt's connection subscribed
+        self._acks = Acks()
 
     def _run(self) -> None:
         # The sink is the harness's eye, not the system under test: a lost connection (a Toxiproxy
@@ -73,6 +125,7 @@ class Sink(SinkBase):
         budget = Reconnects()
         while not self._stop.is_set():
             self._connected = False
+            self._acks.reconnected()
             try:
                 self._consume()
                 return
@@ -89,18 +142,25 @@ class Sink(SinkBase):
 
     def _consume(self) -> None:
         with StompClient(self.stomp.host, self.stomp.port, client_id="txchaos-sink", heartbeats=(0, 0)) as client:
-            subs = {client.subscribe(q, prefetch=100): q for q in self.queues}
+            subs = {client.subscribe(q, ack="client", prefetch=PREFETCH): q for q in self.queues}
             self._connected = True
+            acks = self._acks
             while not self._stop.is_set():
                 msg = client.receive(0.05)
                 if msg is None:
+                    acks.flush(client)  # idle: what came is recorded, so ack it
                     continue
-                queue = subs.get(msg.subscription, "")
-                op = self.op_in(msg.headers, msg.body, op_of(msg))
-                kind = self.queues.get(queue, Kind.DOWNSTREAM)
-                self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
-                client.ack(msg)
-                self._saw(op)
+                if acks.fresh(msg):
+                    queue = subs.get(msg.subscription, "")
+                    op = self.op_in(msg.headers, msg.body, op_of(msg))
+                    kind = self.queues.get(queue, Kind.DOWNSTREAM)
+                    self.ledger.emit(kind, op=op, msg=msg.message_id, dest=queue, redelivered=msg.redelivered)
+                    self._saw(op)
+                if acks.due():
+                    acks.flush(client)
+            # Stopping on a dropped connection: what was recorded goes back to the queue, unread.
+            with contextlib.suppress(HarnessError):
+                acks.flush(client)
 
 
 @dataclass(frozen=True)
