@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     amq = flows.add_parser("activemq", help="best-effort 1PC stage processes over STOMP")
     amq.add_argument("--messages", type=int, default=20000, help="messages sent while the workers consume")
     amq.add_argument("--workers", type=int, default=4, help="stage processes")
+    amq.add_argument(
+        "--clients",
+        choices=("raw", "libraries"),
+        default="raw",
+        help="raw: a socket STOMP client and psycopg (the limit); libraries: the stage's own, stomp.py and SQLAlchemy",
+    )
     kafka = flows.add_parser("kafka", help="inbox-offset batch consumers")
     kafka.add_argument("--messages", type=int, default=200000, help="records produced while consumed")
     kafka.add_argument("--consumers", type=int, default=1, help="consumer processes")
@@ -60,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         with console.status(f"bare {args.flow} loop, {args.messages} messages"):
             if args.flow == "activemq":
                 result = bare_activemq(
-                    endpoints, messages=args.messages, workers=args.workers, via_proxy=not args.direct
+                    endpoints,
+                    messages=args.messages,
+                    workers=args.workers,
+                    via_proxy=not args.direct,
+                    clients=args.clients,
                 )
             else:
                 result = bare_kafka(
@@ -73,13 +83,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         provider.stop()
-    headers = ["flow", "messages", "effect rows", "processes", "path", "seconds", "ops/s"]
+    headers = ["flow", "clients", "messages", "effect rows", "processes", "path", "seconds", "ops/s"]
     headers += ["consuming s", "ops/s consuming"]
     table = Table(*headers, title="bare loop (no harness)")
     path = "Toxiproxy" if result.via_proxy else "direct"
     r = result
     table.add_row(
         r.flow,
+        r.clients if r.flow == "activemq" else "raw",
         str(r.messages),
         str(r.effects),
         str(r.workers),

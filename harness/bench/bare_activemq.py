@@ -20,6 +20,13 @@ have: stomp.py hands every frame from its receiver thread to the worker through 
 a queue, and a RECEIPT through an event, while the raw client reads on the worker's own thread.
 A limit should not pay for that.
 
+``clients="libraries"`` runs the same loop on the clients the stage itself is built on: the
+harness's ``StompClient`` (stomp.py, a receiver thread handing each frame to the worker) and a
+SQLAlchemy ``Connection`` with the statements built once (``text()``), as the built-in handlers
+run them. Between the two loops lies what those libraries cost; between the libraries' loop and a
+soak lies what the harness itself adds (ledger, crash points, supervision, the driver). The soak
+benchmark runs both beside each soak.
+
 Frame headers are passed through as the broker wrote them: STOMP 1.2 escapes ``:`` in header
 values (``message-id:ID\\c...``), and the ``ack`` id goes back in the ACK escaped the same way, so
 nothing needs unescaping.
@@ -33,7 +40,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from sqlalchemy import text
+
 from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
+from harness.clients import db
+from harness.clients.activemq import StompClient
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -167,6 +178,7 @@ class _Job:
     queue_in: str
     queue_out: str
     messages: int
+    clients: str = "raw"
 
     def stomp(self, client_id: str) -> RawStomp:
         return RawStomp(*address(self.endpoints.stomp, self.via_proxy), client_id)
@@ -208,6 +220,42 @@ def _stage(hand: Hand, job: _Job) -> None:
     finally:
         stomp.close()
         pg.close()
+
+
+def _stage_on_libraries(hand: Hand, job: _Job) -> None:
+    """``_stage`` on the stage's own clients: stomp.py (``StompClient``) and a SQLAlchemy connection."""
+    engine = db.engine("postgresql+psycopg://", pool_size=1, creator=lambda: pg_connect(job.endpoints, job.via_proxy))
+    conn = engine.connect()
+    stomp = StompClient(*address(job.endpoints.stomp, job.via_proxy), client_id=f"bare-{hand.name}")
+    select = text(f"SELECT 1 FROM {job.table} WHERE op_id = :op LIMIT 1")
+    insert = text(f"INSERT INTO {job.table} (op_id, worker, amount) VALUES (:op, :worker, :amount)")
+    done, first = 0, 0.0
+    try:
+        if not hand.ready_then_go():
+            return
+        stomp.subscribe(job.queue_in, ack="client", prefetch=1)
+        while not hand.stop.is_set():
+            msg = stomp.receive(0.2)
+            if msg is None:
+                continue
+            first = first or time.monotonic()
+            body = json.loads(msg.body)
+            op = str(body["op"])
+            tx = stomp.begin()
+            trans = conn.begin()
+            if conn.execute(select, {"op": op}).first() is None:
+                conn.execute(insert, {"op": op, "worker": hand.name, "amount": int(body.get("amount", 1))})
+            forward = json.dumps({"op": op, "from": "bare"})
+            stomp.send(job.queue_out, forward, transaction=tx, headers={"txchaos-op": op})
+            trans.commit()
+            stomp.ack(msg, transaction=tx)
+            stomp.commit(tx)  # waits for its RECEIPT
+            done += 1
+        hand.report("done", (done, first))
+    finally:
+        stomp.close()
+        conn.close()
+        engine.dispose()
 
 
 def _sink(hand: Hand, job: _Job) -> None:
@@ -273,8 +321,12 @@ def _cleanup(job: _Job) -> None:
         pg_run(job.endpoints, job.via_proxy, f"DROP TABLE IF EXISTS {job.table}")
 
 
+# The stage's work per message, on the raw clients (the machine's limit) or on the stage's own.
+CLIENTS = {"raw": _stage, "libraries": _stage_on_libraries}
+
+
 def bare_activemq(
-    endpoints: Endpoints, *, messages: int = 20000, workers: int = 4, via_proxy: bool = True
+    endpoints: Endpoints, *, messages: int = 20000, workers: int = 4, via_proxy: bool = True, clients: str = "raw"
 ) -> BareResult:
     """Run ``workers`` bare 1PC stage processes over ``messages`` messages; return the figure.
 
@@ -286,10 +338,19 @@ def bare_activemq(
     """
     if messages < 1 or workers < 1:
         raise ValueError(f"messages={messages}, workers={workers}: both must be >= 1")
+    if clients not in CLIENTS:
+        raise ValueError(f"clients={clients!r}: use one of {', '.join(CLIENTS)}")
     tag = suffix()
     job = _Job(
-        endpoints, via_proxy, f"bare_effects_{tag}", f"txchaos.bare.{tag}.in", f"txchaos.bare.{tag}.out", messages
+        endpoints,
+        via_proxy,
+        f"bare_effects_{tag}",
+        f"txchaos.bare.{tag}.in",
+        f"txchaos.bare.{tag}.out",
+        messages,
+        clients,
     )
+    stage = CLIENTS[clients]
     names = [f"w{i}" for i in range(workers)]
     with cleaned_up(lambda: _cleanup(job)):
         pg_run(
@@ -304,7 +365,7 @@ def bare_activemq(
             crew.spawn("sink", _sink, job)
             crew.spawn("producer", _producer, job, f"bare-{tag}")
             for name in names:
-                crew.spawn(name, _stage, job)
+                crew.spawn(name, stage, job)
             crew.start_all(deadline)
             reports = crew.collect_each({"sink": "drained", "producer": "filled"}, deadline)
             ops, frames, last = reports["sink"]
@@ -318,4 +379,5 @@ def bare_activemq(
                 f"ActiveMQ bare loop lost or doubled messages: {messages} sent, {processed} processed, "
                 f"{count} effect rows ({distinct} ops), {frames} outputs ({ops} ops)"
             )
-    return BareResult("activemq", messages, last - reports["producer"], workers, via_proxy, count, last - min(firsts))
+    seconds, consuming = last - reports["producer"], last - min(firsts)
+    return BareResult("activemq", messages, seconds, workers, via_proxy, count, consuming, clients)

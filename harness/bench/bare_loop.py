@@ -56,6 +56,7 @@ class BareResult:
     via_proxy: bool
     effects: int
     consume_seconds: float
+    clients: str = "raw"  # the ActiveMQ loop's clients: "raw", or "libraries" (the stage's own)
 
     @property
     def consume_ops_per_s(self) -> float:

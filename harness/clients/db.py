@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
@@ -15,11 +15,16 @@ from harness.errors import ConfigError
 SQL_DIR: Path = resources.fixture("sql")
 
 
-def engine(url: str, *, pool_size: int = 2, autocommit: bool = False) -> Engine:
-    """Return an engine for ``url``; ``autocommit`` for the non-transactional side connections."""
+def engine(
+    url: str, *, pool_size: int = 2, autocommit: bool = False, creator: Callable[[], Any] | None = None
+) -> Engine:
+    """Return an engine for ``url``; ``autocommit`` for the non-transactional side connections;
+    ``creator`` makes each DBAPI connection itself (``url`` then names only the dialect)."""
     kwargs: dict[str, object] = {"pool_size": pool_size, "max_overflow": 2, "pool_pre_ping": True}
     if autocommit:
         kwargs["isolation_level"] = "AUTOCOMMIT"
+    if creator is not None:
+        return sa.create_engine(url, creator=creator, **kwargs)
     return sa.create_engine(url, connect_args={"connect_timeout": 5}, **kwargs)
 
 

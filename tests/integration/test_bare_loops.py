@@ -37,6 +37,17 @@ def test_bare_activemq_loop_applies_each_message_once(txchaos_stack: Endpoints) 
     assert _bare_tables(txchaos_stack) == before, "the loop left its effect table behind"
 
 
+@pytest.mark.activemq
+def test_bare_activemq_loop_on_the_stages_own_clients_applies_each_message_once(txchaos_stack: Endpoints) -> None:
+    """The loop on stomp.py and SQLAlchemy (what the soak benchmark reads each soak against too)."""
+    before = _bare_tables(txchaos_stack)
+    result = bare_activemq(txchaos_stack, messages=500, workers=2, clients="libraries")
+    assert (result.messages, result.effects, result.clients) == (500, 500, "libraries")
+    assert _bare_tables(txchaos_stack) == before, "the loop left its effect table behind"
+    with pytest.raises(ValueError, match="clients='psycopg'"):
+        bare_activemq(txchaos_stack, messages=10, clients="psycopg")
+
+
 @pytest.mark.kafka
 def test_bare_kafka_loop_applies_each_record_once(txchaos_stack: Endpoints) -> None:
     tables, topics = _bare_tables(txchaos_stack), _bare_topics(txchaos_stack)
