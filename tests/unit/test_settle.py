@@ -84,3 +84,41 @@ def test_a_nacked_operation_is_given_back_until_it_is_delivered_again_or_comes_o
         w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=2)
         assert settlement.given_back(set()) == {"op-2"}
         assert settlement.unsettled() == {"m-1"}
+
+
+def test_the_tail_parses_only_the_kinds_asked_for_and_still_sees_every_line(tmp_path: Path) -> None:
+    """Settlement reads four kinds of a worker's five or so a message: the others are skipped by
+    their bytes, unparsed, but a line of any kind still tells the driver the ledger grew."""
+    ledger = tmp_path / "ledger"
+    tail = LedgerTail(ledger)
+    with LedgerWriter(ledger, "worker-1") as w:
+        w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+        w.emit(Kind.SEND, op="op-1", msg="m-1", note='"kind":"deliver" in a detail')  # escaped there
+        w.emit(Kind.DB_COMMIT, op="op-1", msg="m-1")
+        w.emit(Kind.BROKER_COMMIT, op="op-1", msg="m-1")
+        segment = w.path
+    with segment.open("ab") as fh:
+        fh.write(b'{"ts_ns":2,"kind":"deliver","op":"op-3" torn\n')  # a wanted kind, damaged
+        fh.write(b'{"ts_ns":3,"kind":"db_commit","op":"op-4" torn\n')  # an unwanted kind: skipped unread
+    # another writer's spacing: no line of that segment is skipped by its bytes
+    (ledger / "segments" / "other-1.jsonl").write_bytes(
+        b'{"kind": "deliver", "op": "op-2", "ts_ns": 1}\n{"kind": "send", "op": "op-2"} torn\n'
+    )
+    got = [(e["kind"], e["op"]) for e in tail.new((Kind.DELIVER, Kind.BROKER_COMMIT))]
+    assert got == [("deliver", "op-2"), ("deliver", "op-1"), ("broker_commit", "op-1")]
+    assert tail.lines == 8
+    assert tail.damaged == 2  # the torn deliver, and the other writer's torn line (parsed to know its kind)
+    assert list(tail.new((Kind.DELIVER,))) == []
+    assert tail.lines == 8
+
+
+def test_any_event_tells_the_settlement_the_ledger_grew(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    settlement = Settlement(ledger)
+    with LedgerWriter(ledger, "worker-1") as w:
+        w.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+        settlement.unsettled()
+        before = settlement.last_event
+        w.emit(Kind.DB_COMMIT, op="op-1", msg="m-1")  # a kind the settlement does not read
+        settlement.unsettled()
+        assert settlement.last_event > before

@@ -20,6 +20,7 @@ from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 
 _SETTLED = {str(Kind.BROKER_COMMIT), str(Kind.NACK)}
+_READ = (Kind.DELIVER, Kind.BROKER_COMMIT, Kind.NACK, Kind.FORCED_REDELIVERY)  # the kinds ``_read`` looks at
 IN_DOUBT_S = 10.0  # a dead receiver's message the broker still held is redelivered well within this
 
 
@@ -49,9 +50,8 @@ class Settlement:
         self.last_event = time.monotonic()  # when the ledger last grew (monotonic clock)
 
     def _read(self) -> None:
-        grew = False
-        for event in self._tail.new():
-            grew = True
+        lines = self._tail.lines
+        for event in self._tail.new(_READ):
             msg, kind, op = event.get("msg"), event["kind"], event.get("op")
             if msg is None:
                 continue
@@ -67,7 +67,7 @@ class Settlement:
                 settled[pid] = max(settled.get(pid, seq), seq)
                 if kind != Kind.BROKER_COMMIT and op is not None:
                     self._op_nacked[op] = max(self._op_nacked.get(op, ts), ts)
-        if grew:
+        if self._tail.lines != lines:  # any event counts, not only the kinds read here
             self.last_event = time.monotonic()
 
     def unsettled(self, out: Container[str] = (), live: Collection[int] | None = None) -> set[str]:
