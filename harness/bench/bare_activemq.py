@@ -38,17 +38,20 @@ import json
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
 
 from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients import db
-from harness.clients.activemq import StompClient
+from harness.clients.activemq import Message, StompClient
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
 RECEIPT_S = 10.0
+Work = Callable[[Any, str, int, int], None]  # (message, op, amount, messages done before it): one message's work
 FILL_CHUNK = 500  # messages per producer transaction (the cheapest way to the broker: a limit may use it)
 
 
@@ -184,74 +187,71 @@ class _Job:
         return RawStomp(*address(self.endpoints.stomp, self.via_proxy), client_id)
 
 
+def _serve(hand: Hand, subscribe: Callable[[], object], receive: Callable[[float], Any], work: Work) -> None:
+    """The stage's loop, whatever its clients: subscribe, then ``work`` on each message until told
+    to stop; reports ("done", (count, first message's time))."""
+    done, first = 0, 0.0
+    if not hand.ready_then_go():
+        return
+    subscribe()  # ``client`` acks, prefetch 1: the stage's (``StageWorker._subscribe``)
+    while not hand.stop.is_set():
+        msg = receive(0.2)
+        if msg is None:
+            continue
+        first = first or time.monotonic()
+        body = json.loads(msg.body)
+        work(msg, str(body["op"]), int(body.get("amount", 1)), done)
+        done += 1
+    hand.report("done", (done, first))
+
+
 def _stage(hand: Hand, job: _Job) -> None:
-    """One worker: the stage's work per message until told to stop; reports ("done", (count, first))."""
+    """One worker on the raw clients: a socket STOMP connection and psycopg."""
     pg = pg_connect(job.endpoints, job.via_proxy)
     stomp = job.stomp(f"bare-{hand.name}")
     select = f"SELECT 1 FROM {job.table} WHERE op_id = %s LIMIT 1"
     insert = f"INSERT INTO {job.table} (op_id, worker, amount) VALUES (%s, %s, %s)"
     out = f"/queue/{job.queue_out}"
-    done, first = 0, 0.0
+
+    def work(msg: Frame, op: str, amount: int, n: int) -> None:
+        tx = f"{hand.name}-{n}"
+        stomp.write("BEGIN", {"transaction": tx})
+        if pg.execute(select, (op,)).fetchone() is None:
+            pg.execute(insert, (op, hand.name, amount))
+        forward = json.dumps({"op": op, "from": "bare"}).encode()
+        stomp.write("SEND", {"destination": out, "persistent": "true", "transaction": tx, "txchaos-op": op}, forward)
+        pg.commit()
+        stomp.write("ACK", {"id": msg.headers["ack"], "transaction": tx})
+        stomp.write("COMMIT", {"transaction": tx, "receipt": tx})
+        stomp.await_receipt(tx)
+
     try:
-        if not hand.ready_then_go():
-            return
-        stomp.subscribe(job.queue_in, ack="client", prefetch=1)  # the stage's (``StageWorker._subscribe``)
-        while not hand.stop.is_set():
-            msg = stomp.receive(0.2)
-            if msg is None:
-                continue
-            first = first or time.monotonic()
-            body = json.loads(msg.body)
-            op = str(body["op"])
-            tx = f"{hand.name}-{done}"
-            stomp.write("BEGIN", {"transaction": tx})
-            if pg.execute(select, (op,)).fetchone() is None:
-                pg.execute(insert, (op, hand.name, int(body.get("amount", 1))))
-            forward = json.dumps({"op": op, "from": "bare"}).encode()
-            stomp.write(
-                "SEND", {"destination": out, "persistent": "true", "transaction": tx, "txchaos-op": op}, forward
-            )
-            pg.commit()
-            stomp.write("ACK", {"id": msg.headers["ack"], "transaction": tx})
-            stomp.write("COMMIT", {"transaction": tx, "receipt": tx})
-            stomp.await_receipt(tx)
-            done += 1
-        hand.report("done", (done, first))
+        _serve(hand, lambda: stomp.subscribe(job.queue_in, ack="client", prefetch=1), stomp.receive, work)
     finally:
         stomp.close()
         pg.close()
 
 
 def _stage_on_libraries(hand: Hand, job: _Job) -> None:
-    """``_stage`` on the stage's own clients: stomp.py (``StompClient``) and a SQLAlchemy connection."""
+    """One worker on the stage's own clients: stomp.py (``StompClient``) and a SQLAlchemy connection."""
     engine = db.engine("postgresql+psycopg://", pool_size=1, creator=lambda: pg_connect(job.endpoints, job.via_proxy))
     conn = engine.connect()
     stomp = StompClient(*address(job.endpoints.stomp, job.via_proxy), client_id=f"bare-{hand.name}")
     select = text(f"SELECT 1 FROM {job.table} WHERE op_id = :op LIMIT 1")
     insert = text(f"INSERT INTO {job.table} (op_id, worker, amount) VALUES (:op, :worker, :amount)")
-    done, first = 0, 0.0
+
+    def work(msg: Message, op: str, amount: int, n: int) -> None:
+        tx = stomp.begin()
+        trans = conn.begin()
+        if conn.execute(select, {"op": op}).first() is None:
+            conn.execute(insert, {"op": op, "worker": hand.name, "amount": amount})
+        stomp.send(job.queue_out, json.dumps({"op": op, "from": "bare"}), transaction=tx, headers={"txchaos-op": op})
+        trans.commit()
+        stomp.ack(msg, transaction=tx)
+        stomp.commit(tx)  # waits for its RECEIPT
+
     try:
-        if not hand.ready_then_go():
-            return
-        stomp.subscribe(job.queue_in, ack="client", prefetch=1)
-        while not hand.stop.is_set():
-            msg = stomp.receive(0.2)
-            if msg is None:
-                continue
-            first = first or time.monotonic()
-            body = json.loads(msg.body)
-            op = str(body["op"])
-            tx = stomp.begin()
-            trans = conn.begin()
-            if conn.execute(select, {"op": op}).first() is None:
-                conn.execute(insert, {"op": op, "worker": hand.name, "amount": int(body.get("amount", 1))})
-            forward = json.dumps({"op": op, "from": "bare"})
-            stomp.send(job.queue_out, forward, transaction=tx, headers={"txchaos-op": op})
-            trans.commit()
-            stomp.ack(msg, transaction=tx)
-            stomp.commit(tx)  # waits for its RECEIPT
-            done += 1
-        hand.report("done", (done, first))
+        _serve(hand, lambda: stomp.subscribe(job.queue_in, ack="client", prefetch=1), stomp.receive, work)
     finally:
         stomp.close()
         conn.close()
