@@ -138,6 +138,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
 def show_soak(result: SoakResult) -> int:
     """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
     from harness.reporting.soak_plots import render_soak
+    from harness.soak.driver import RECOVER_S
 
     stats, verdict = result.stats, result.verdict
     plot = render_soak(result)
@@ -149,6 +150,16 @@ def show_soak(result: SoakResult) -> int:
         f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed; "
         f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )
+    if stats.recover_s:
+        waits = sorted(stats.recover_s)
+        console.print(
+            f"  after {len(waits)} restart(s) the flow moved again in {waits[0]:.1f}-{waits[-1]:.1f}s"
+            + (
+                f"; after {stats.unrecovered} nothing came out for {RECOVER_S:.0f}s (the service did not recover)"
+                if stats.unrecovered
+                else ""
+            )
+        )
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
     from harness.soak.driver import SUMMARY
 

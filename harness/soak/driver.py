@@ -38,6 +38,10 @@ SUMMARY = "soak.json"
 PACE_LOG = "soak-progress.jsonl"
 DRIVER_ERROR = "driver-error.txt"  # the traceback of what stopped the driver, when something did
 STALL_S = 20.0  # draining ends when nothing more came out for this long
+# After a heal that restarted a broker or the database, the schedule holds until the flow moves
+# again, at most this long: a Kafka consumer group settles for seconds after a restart, longer
+# than a rest, and restarts named alone then followed each other with nothing out in between.
+RECOVER_S = 60.0
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 # The protocol whose proxy a flow's broker faults open on, by transport.
 _BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka"}
@@ -62,6 +66,14 @@ class SoakStats:
     driving_rss_mb: float  # the most the driver held while it submitted and the nemesis ran
     interrupted: bool  # by Ctrl-C, SIGTERM or an error (``error``)
     error: str = ""  # what stopped the driver early: the verdict is incomplete and says so
+    # per heal of a broker or database kill, the seconds until the flow moved again (``RECOVER_S``
+    # when it did not): the schedule waited that long before its next step
+    recover_s: tuple[float, ...] = ()
+
+    @property
+    def unrecovered(self) -> int:
+        """How many restarts the flow did not come back from within ``RECOVER_S``."""
+        return sum(1 for s in self.recover_s if s >= RECOVER_S)
 
     @property
     def ops_per_s(self) -> float:
@@ -147,6 +159,9 @@ class _Driver:
         self.broker_down = False
         self.error = ""  # what stopped the driver before its length, when an error did
         self.late_s = 0.0  # how far applying steps has pushed the rest of the schedule back
+        self._restart_open = False  # a broker or database kill is among the open windows
+        self._recovering: tuple[int, float] | None = None  # (count out at the heal, when it healed)
+        self.recover_waits: list[float] = []  # seconds each restart's heal waited for the flow
 
     def elapsed(self) -> float:
         return time.monotonic() - self.first
@@ -200,20 +215,42 @@ class _Driver:
         elif isinstance(step, Open | Freeze):
             self.open_faults.append(describe(step).removeprefix("open "))
             self.windows += 1
-            if isinstance(step, Open) and isinstance(step.fault, KillBroker) and step.fault.service == self._broker:
-                self.broker_down = True
+            if isinstance(step, Open) and isinstance(step.fault, KillBroker):
+                self._restart_open = True
+                self.broker_down = self.broker_down or step.fault.service == self._broker
         elif isinstance(step, Heal):
             self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
             self.broker_down = False
+            if self._restart_open:
+                out = self.session.out_count()
+                self._recovering = None if out is None else (out, time.monotonic())
+                self._restart_open = False
         elif isinstance(step, Thaw):
             self.open_faults = [f for f in self.open_faults if not f.startswith("freeze at")]
         elif isinstance(step, Kill):
             self.kills += 1
         session.apply(step)
 
+    def recovered(self) -> bool:
+        """Whether the flow runs again after a restart's heal (or there is none to wait for).
+
+        Until it does, the rest of the schedule waits and is pushed back by the wait: the rest
+        after a restart is a rest for a running flow, not for one still reconnecting.
+        """
+        if self._recovering is None:
+            return True
+        base, healed = self._recovering
+        out, waited = self.session.out_count(), time.monotonic() - healed
+        if out is not None and out == base and out < len(self.session.ops) and waited < RECOVER_S:
+            return False
+        self._recovering = None
+        self.late_s += waited
+        self.recover_waits.append(round(waited, 2))
+        return True
+
     def tick(self) -> None:
         now = self.elapsed()
-        while self.due and self.due[0].at_s + self.late_s <= now:
+        while self.due and self.recovered() and self.due[0].at_s + self.late_s <= now:
             before = time.monotonic()
             self.apply(self.due.pop(0).step)
             # A step that takes its time (a heal restarting a killed broker: seconds) delays what
@@ -256,6 +293,9 @@ class _Driver:
         self._next_line = now + self.every_s
         rate = len(session.ops) / now if now >= 1 else 0.0
         faults = ", ".join(self.open_faults) or "none"
+        if self._recovering is not None:
+            healed = time.monotonic() - self._recovering[1]
+            faults += f" (a restart healed {healed:.0f}s ago: the schedule waits for the flow)"
         self.progress(
             f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "
             f"{rate:,.0f} ops/s  faults open: {faults}  restarts {session.restarts}  "
@@ -332,6 +372,7 @@ def run_soak(
         driving_rss_mb=round(driver.rss_mb, 1),
         interrupted=interrupted,
         error=driver.error,
+        recover_s=tuple(driver.recover_waits),
     )
     soaked = SoakResult(result.run_dir, result.verdict, result.spec, soak, schedule, stats)
     write_summary(soaked)

@@ -324,3 +324,46 @@ def test_a_batching_flow_gets_a_window_of_four_full_batches_per_partition_or_wor
     assert Soak(wide, workers=1).in_flight == 6000
     assert Soak(wide, workers=5).in_flight == 4 * 500 * 5
     assert Soak(wide, workers=1, window=1000).in_flight == 1000
+
+
+def test_after_a_restart_the_schedule_waits_for_the_flow_to_move_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kafka's group settles for seconds after a broker restart, longer than a rest: with restarts
+    # named alone the next kill came before anything was out, and a 90 s soak moved 880 operations
+    from harness.run.spec.steps import Submit
+    from harness.soak import driver as driver_mod
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
+    kill = Open(KillBroker("kafka"), None)
+    entries = (Timed(0, kill), Timed(0, Heal()), Timed(0, Open(*_latency())), Timed(0, Heal()), Timed(0, kill))
+    session = _Session(tmp_path)
+    driver = _Driver(Soak(spec, ops=10, window=10), session, Schedule(("broker",), 0, entries), lambda _: None)  # type: ignore[arg-type]
+    driver.elapsed = lambda: 1.0  # type: ignore[method-assign]
+    session.apply(Submit(10))  # ten in the flow
+    driver.tick()  # the kill and its heal: nothing out since, so the latency window waits
+    assert driver.windows == 1
+    assert "schedule waits for the flow" in _line(driver)
+    driver.tick()
+    assert driver.windows == 1
+    session.out = 3  # the flow moves: the schedule goes on, pushed back by the wait
+    driver.tick()
+    assert driver.windows == 3  # a heal that restarted nothing does not wait: the next kill follows
+    assert len(driver.recover_waits) == 1 and driver.late_s >= driver.recover_waits[0]
+    monkeypatch.setattr(driver_mod, "RECOVER_S", 0.05)
+    driver.due.append(Timed(0, Open(*_latency())))
+    driver.tick()  # the second kill's heal is due at once (end of schedule: a final heal)
+    driver.apply(Heal())
+    assert not driver.recovered()
+    time.sleep(0.06)
+    assert driver.recovered()  # no output for RECOVER_S: the schedule goes on, and the wait is kept
+    assert driver.recover_waits[-1] >= 0.05
+    driver._pace.close()
+
+
+def _line(driver: object) -> str:
+    lines: list[str] = []
+    driver.progress = lines.append  # type: ignore[attr-defined]
+    driver.report(1.0, force=True)  # type: ignore[attr-defined]
+    return lines[-1]
