@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.errors import HarnessError
 from harness.paths import cache_root
 
 TAG_VAR = "TXCHAOS_PROC_TAG"
@@ -359,18 +360,52 @@ def kill_group_wait(pid: int, timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+# Listening ports are drawn below the kernel's ephemeral range: a port the kernel handed out to
+# ``bind(0)`` and then freed can be taken by any outgoing connection (a worker's, a proxy's) before
+# the server that was meant to listen on it binds, and the server then fails to start.
+LISTEN_PORTS_FLOOR = 10_000
+_handed_out: set[int] = set()  # never hand a port out twice in one process
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """Return the kernel's range of ports for outgoing connections (Linux's default without /proc)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_ports(n: int) -> list[int]:
-    """Return ``n`` distinct free TCP ports on loopback."""
+    """Return ``n`` distinct TCP ports free on loopback now, none of them one the kernel could give
+    an outgoing connection in the meantime (drawn at random below its ephemeral range, so two
+    processes starting stacks at once rarely draw the same)."""
+    import random
     import socket
 
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+    low, high = ephemeral_range()
+    if low - LISTEN_PORTS_FLOOR >= 1000:
+        lo, hi = LISTEN_PORTS_FLOOR, low - 1
+    elif 65535 - high >= 1000:
+        lo, hi = high + 1, 65535
+    else:  # the whole port space is ephemeral: no port is safe from the race, draw from all of it
+        lo, hi = 1024, 65535
+    draw = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(50 * n + 100):
+        if len(ports) == n:
+            return ports
+        port = draw.randint(lo, hi)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        ports.append(port)
+    raise HarnessError(
+        f"found only {len(ports)} of {n} free loopback ports in {lo}-{hi}",
+        hint="free some listening ports (ss -ltn shows them), or widen the range below net.ipv4.ip_local_port_range",
+    )

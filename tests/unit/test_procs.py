@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import HarnessError
 from harness.stack import procs
 
 
@@ -247,3 +248,34 @@ def test_a_copy_spawned_for_another_owner_outlives_its_spawner_and_names_that_ow
         assert procs.reap_orphans() == []  # its owner lives
     finally:
         procs.kill_group(copy, signal.SIGKILL)
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_kernels_ephemeral_range() -> None:
+    # a port bind(0) handed out and freed can go to any outgoing connection before the server
+    # meant to listen on it binds: listening ports come from below the ephemeral range
+    import socket
+
+    from harness.stack.procs import LISTEN_PORTS_FLOOR, ephemeral_range, free_ports
+
+    low, _ = ephemeral_range()
+    ports = free_ports(20) + free_ports(20)
+    assert len(set(ports)) == 40  # never the same port twice in one process
+    assert all(LISTEN_PORTS_FLOOR <= p < low for p in ports), ports
+    for port in ports[:5]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel_or_linuxs_default(tmp_path: Path) -> None:
+    from harness.stack.procs import ephemeral_range
+
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert ephemeral_range(tmp_path / "range") == (40000, 50000)
+    assert ephemeral_range(tmp_path / "absent") == (32768, 60999)
+
+
+def test_no_free_port_left_is_one_error_naming_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs, "_handed_out", set(range(1024, 65536)))
+    with pytest.raises(HarnessError, match=r"found only 0 of 2 free loopback ports in \d+-\d+") as info:
+        procs.free_ports(2)
+    assert "ss -ltn" in str(info.value.hint)

@@ -350,7 +350,8 @@ def test_after_a_restart_the_schedule_waits_for_the_flow_to_move_again(
     session.out = 3  # the flow moves: the schedule goes on, pushed back by the wait
     driver.tick()
     assert driver.windows == 3  # a heal that restarted nothing does not wait: the next kill follows
-    assert len(driver.recover_waits) == 1 and driver.late_s >= driver.recover_waits[0]
+    assert len(driver.recover_waits) == 1
+    assert driver.late_s >= driver.recover_waits[0]
     monkeypatch.setattr(driver_mod, "RECOVER_S", 0.05)
     driver.due.append(Timed(0, Open(*_latency())))
     driver.tick()  # the second kill's heal is due at once (end of schedule: a final heal)
