@@ -119,9 +119,10 @@ class LedgerWriter:
     def batch(self) -> Iterator[None]:
         """Hold the events emitted inside the block and write them in one call when it ends.
 
-        For a loop that writes an event per record of a batch with nothing between them that a
-        crash could stop (no crash point, no commit): the block returns once the kernel holds
-        them all, one system call instead of hundreds. A batch is its thread's: other threads'
+        For a loop that writes an event per record of a batch with nothing between them that
+        must be on disk first (no commit; a crash point ``flush``-es before it kills): the block
+        returns once the kernel holds them all, one system call instead of hundreds. A kill from
+        outside loses what the block holds, as if it had come before the block. A batch is its thread's: other threads'
         events are written as they come (a file then holds seqs out of order; readers sort by
         them). Blocks do not nest.
         """
@@ -132,6 +133,13 @@ class LedgerWriter:
             yield
         finally:
             self._local.held = None
+            self._release(held)
+
+    def flush(self) -> None:
+        """Write what this thread's open batch holds so far (nothing outside a batch): before the
+        process stops itself at a crash point, so what it recorded survives the kill."""
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is not None:
             self._release(held)
 
     def close(self) -> None:

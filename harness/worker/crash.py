@@ -146,6 +146,7 @@ class CrashPoints:
                     worker=self.worker,
                     action="freeze",
                 )
+                self.ledger.flush()  # inside a ledger batch: what it holds is written before the stop
                 os.kill(os.getpid(), signal.SIGSTOP)  # Thaw continues it here
                 return
             if arm.action != "kill":
@@ -154,4 +155,5 @@ class CrashPoints:
                 )
                 raise ForcedRedelivery(arm.action, point)
             self.ledger.emit(Kind.CRASH, op=op, msg=msg, stage=stage, point=point, arm=arm.id, worker=self.worker)
+            self.ledger.flush()  # inside a ledger batch: what it holds is written before the kill
             os.kill(os.getpid(), signal.SIGKILL)

@@ -228,7 +228,10 @@ class KafkaStageWorker(WorkerRuntime):
                 if poll_points:
                     self._reach("after_poll", r, op)
                 contexts.append(self._context(conn, r, op))
-            self.handler(contexts)
+            # The handler's events (an effect per record) in one write: nothing in it must be on
+            # disk before the commit below, and a crash point it reaches flushes before it kills.
+            with self.ledger.batch():
+                self.handler(contexts)
             for r, op in zip(records, ops, strict=True):
                 self._reach("before_db_commit", r, op)
             trans.commit()

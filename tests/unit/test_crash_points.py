@@ -26,17 +26,26 @@ CHILD = textwrap.dedent(
     run = Path(sys.argv[1])
     ledger = LedgerWriter(run / "ledger", "worker-0")
     points = CrashPoints(run, "worker-0", ledger)
-    for i in range(5):
-        op = f"op{i}"
-        ledger.emit(Kind.DELIVER, op=op)
-        points.reach("after_db_commit", op=op)
-        ledger.emit(Kind.BROKER_COMMIT, op=op)
+
+    def loop():
+        for i in range(5):
+            op = f"op{i}"
+            ledger.emit(Kind.DELIVER, op=op)
+            points.reach("after_db_commit", op=op)
+            ledger.emit(Kind.BROKER_COMMIT, op=op)
+
+    if sys.argv[2:] == ["batch"]:
+        with ledger.batch():
+            loop()
+    else:
+        loop()
     """
 )
 
 
-def run_child(run: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-c", CHILD, str(run)], capture_output=True, timeout=60, check=False)
+def run_child(run: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-c", CHILD, str(run), *args]
+    return subprocess.run(argv, capture_output=True, timeout=60, check=False)
 
 
 def test_armed_point_kills_the_process_once(tmp_path: Path) -> None:
@@ -53,6 +62,23 @@ def test_armed_point_kills_the_process_once(tmp_path: Path) -> None:
     # The restarted process passes the same point without dying: the arm fired already.
     second = run_child(tmp_path)
     assert second.returncode == 0, second.stderr.decode()
+
+
+def test_a_kill_inside_a_ledger_batch_writes_what_the_batch_held_first(tmp_path: Path) -> None:
+    # a worker holds a batch's events (a Kafka handler's effects) in memory: the crash point must
+    # write them, its own crash event last, before the SIGKILL, or the ledger loses them all
+    write_arms(tmp_path, [CrashArm(id="arm-0", point="after_db_commit", op="op2")])
+    proc = run_child(tmp_path, "batch")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    kinds = [(r["kind"], r["op"]) for r in read_segments(tmp_path / "ledger").to_pylist()]
+    assert kinds == [
+        ("deliver", "op0"),
+        ("broker_commit", "op0"),
+        ("deliver", "op1"),
+        ("broker_commit", "op1"),
+        ("deliver", "op2"),
+        ("crash", "op2"),
+    ]
 
 
 def test_nth_hit_and_worker_filter(tmp_path: Path) -> None:

@@ -312,6 +312,20 @@ def test_a_batch_writes_its_events_in_one_call_when_it_ends(tmp_path: Path) -> N
     assert [(r["seq"], r["kind"]) for r in rows] == [(0, "deliver"), (1, "deliver"), (2, "deliver"), (3, "db_commit")]
 
 
+def test_flush_writes_what_the_batch_holds_so_far_and_nothing_outside_one(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "worker-0") as w:
+        (seg,) = (ledger / "segments").glob("*.jsonl")
+        w.flush()  # no batch open: nothing held, nothing to do
+        with w.batch():
+            w.emit(Kind.DELIVER, op="v-s0-op00000")
+            w.flush()
+            assert [json.loads(x)["kind"] for x in seg.read_text().splitlines()] == ["deliver"]
+            w.emit(Kind.EFFECT, op="v-s0-op00000")
+            assert len(seg.read_text().splitlines()) == 1  # held again until the block ends
+    assert [json.loads(x)["seq"] for x in seg.read_text().splitlines()] == [0, 1]
+
+
 def test_a_batch_is_its_threads_own(tmp_path: Path) -> None:
     import threading
 
