@@ -250,7 +250,8 @@ class _Driver:
 
     def tick(self) -> None:
         now = self.elapsed()
-        while self.due and self.recovered() and self.due[0].at_s + self.late_s <= now:
+        # asked every tick, due steps or not: a wait ends (and is counted) when the flow moves
+        while self.recovered() and self.due and self.due[0].at_s + self.late_s <= now:
             before = time.monotonic()
             self.apply(self.due.pop(0).step)
             # A step that takes its time (a heal restarting a killed broker: seconds) delays what

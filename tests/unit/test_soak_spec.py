@@ -360,6 +360,12 @@ def test_after_a_restart_the_schedule_waits_for_the_flow_to_move_again(
     time.sleep(0.06)
     assert driver.recovered()  # no output for RECOVER_S: the schedule goes on, and the wait is kept
     assert driver.recover_waits[-1] >= 0.05
+    driver.apply(Open(KillBroker("kafka"), None))
+    driver.apply(Heal())  # the schedule's last step: nothing due after it
+    session.out = 4
+    driver.tick()  # the wait still ends when the flow moves, and is counted
+    assert len(driver.recover_waits) == 3
+    assert "schedule waits" not in _line(driver)
     driver._pace.close()
 
 
