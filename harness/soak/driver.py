@@ -221,15 +221,15 @@ class _Driver:
         elif isinstance(step, Heal):
             self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
             self.broker_down = False
-            if self._restart_open:
-                out = self.session.out_count()
-                self._recovering = None if out is None else (out, time.monotonic())
-                self._restart_open = False
         elif isinstance(step, Thaw):
             self.open_faults = [f for f in self.open_faults if not f.startswith("freeze at")]
         elif isinstance(step, Kill):
             self.kills += 1
         session.apply(step)
+        if isinstance(step, Heal) and self._restart_open:  # restarted and answering: now the flow
+            self._restart_open = False
+            out = session.out_count()
+            self._recovering = None if out is None else (out, time.monotonic())
 
     def recovered(self) -> bool:
         """Whether the flow runs again after a restart's heal (or there is none to wait for).

@@ -374,3 +374,30 @@ def _line(driver: object) -> str:
     driver.progress = lines.append  # type: ignore[attr-defined]
     driver.report(1.0, force=True)  # type: ignore[attr-defined]
     return lines[-1]
+
+
+def test_a_restarts_wait_for_the_flow_starts_once_the_heal_has_restarted_it(tmp_path: Path) -> None:
+    # the heal's own seconds already push the schedule back: counted again as a wait, they would
+    # push it twice, and the summary would blame the flow for the broker's start
+    from harness.run.spec.steps import Submit
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
+
+    class _SlowRestart(_Session):
+        def apply(self, step: object) -> None:
+            super().apply(step)
+            if isinstance(step, Heal):
+                time.sleep(0.2)
+
+    session = _SlowRestart(tmp_path)
+    entries = (Timed(0, Open(KillBroker("kafka"), None)), Timed(0, Heal()))
+    driver = _Driver(Soak(spec, ops=10, window=10), session, Schedule(("broker",), 0, entries), lambda _: None)  # type: ignore[arg-type]
+    driver.elapsed = lambda: 1.0  # type: ignore[method-assign]
+    session.apply(Submit(10))
+    driver.tick()
+    session.out = 1
+    driver.tick()
+    assert driver.recover_waits[0] < 0.2
+    assert driver.late_s >= 0.2  # the heal's time, once
+    driver._pace.close()
