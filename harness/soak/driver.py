@@ -160,7 +160,8 @@ class _Driver:
         self.error = ""  # what stopped the driver before its length, when an error did
         self.late_s = 0.0  # how far applying steps has pushed the rest of the schedule back
         self._restart_open = False  # a broker or database kill is among the open windows
-        self._recovering: tuple[int, float] | None = None  # (count out at the heal, when it healed)
+        # (count out at the heal, how many more out make it recovered, when it healed)
+        self._recovering: tuple[int, int, float] | None = None
         self.recover_waits: list[float] = []  # seconds each restart's heal waited for the flow
 
     def elapsed(self) -> float:
@@ -229,19 +230,23 @@ class _Driver:
         if isinstance(step, Heal) and self._restart_open:  # restarted and answering: now the flow
             self._restart_open = False
             out = session.out_count()
-            self._recovering = None if out is None else (out, time.monotonic())
+            # Recovered once half of what was in flight came out (at most half a window): a few
+            # outputs read late from before the kill are not a group that serves again.
+            needed = 1 if out is None else max(1, min(len(session.ops) - out, self.soak.in_flight) // 2)
+            self._recovering = None if out is None else (out, needed, time.monotonic())
 
     def recovered(self) -> bool:
-        """Whether the flow runs again after a restart's heal (or there is none to wait for).
+        """Whether the flow runs again after a restart's heal (or there is none to wait for):
+        half of what was in flight at the heal came out since, or everything is out.
 
         Until it does, the rest of the schedule waits and is pushed back by the wait: the rest
         after a restart is a rest for a running flow, not for one still reconnecting.
         """
         if self._recovering is None:
             return True
-        base, healed = self._recovering
+        base, needed, healed = self._recovering
         out, waited = self.session.out_count(), time.monotonic() - healed
-        if out is not None and out == base and out < len(self.session.ops) and waited < RECOVER_S:
+        if out is not None and out - base < needed and out < len(self.session.ops) and waited < RECOVER_S:
             return False
         self._recovering = None
         self.late_s += waited
@@ -295,7 +300,7 @@ class _Driver:
         rate = len(session.ops) / now if now >= 1 else 0.0
         faults = ", ".join(self.open_faults) or "none"
         if self._recovering is not None:
-            healed = time.monotonic() - self._recovering[1]
+            healed = time.monotonic() - self._recovering[2]
             faults += f" (a restart healed {healed:.0f}s ago: the schedule waits for the flow)"
         self.progress(
             f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "

@@ -1,0 +1,46 @@
+"""A Kafka soak whose nemesis only restarts the broker: the flow must run between the restarts.
+
+A kill -9 of Kafka is healed by restarting it, and the consumer group then settles for seconds
+(6-11 s measured), longer than the nemesis rests between windows. Before the driver waited for
+the flow after each restart, the next kill came before the group had settled: a 90 s soak with
+``--nemesis broker`` moved 880 operations, all in its first 3 s, and was judged clean on them.
+
+Run one: ``txchaos soak kafka_consumer:inbox-offset --duration 45s --workers 2 --nemesis broker``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.run.spec.files import resolve
+from harness.soak import Soak
+from harness.soak.driver import PACE_LOG, RECOVER_S
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+HERE = Path(__file__).parent
+
+
+def test_restarts_named_alone_let_the_consumer_group_recover_between_them(txchaos_soak) -> None:  # type: ignore[no-untyped-def]
+    (spec,) = resolve("kafka_consumer:inbox-offset", 1, HERE)
+    result = txchaos_soak(Soak(spec, duration_s=45.0, workers=2, nemesis=("broker",), seed=1))
+    stats = result.stats
+    assert result.verdict.clean, result.verdict.headline()
+    assert stats.windows >= 2, stats  # at least two restarts, so one came after a recovery
+    assert len(stats.recover_s) >= 2, stats
+    assert all(wait < RECOVER_S for wait in stats.recover_s), stats.recover_s  # the group came back each time
+    # Between one restart and the next, operations came out: the pace log's count of outputs
+    # grows while no window is open, after every heal but the last.
+    lines = [json.loads(line) for line in (result.run_dir / PACE_LOG).read_text().splitlines()]
+    calm_spans: list[list[int]] = [[]]
+    for line in lines:
+        if line["open"]:
+            calm_spans.append([])
+        elif line["out"] is not None:
+            calm_spans[-1].append(line["out"])
+    between = [span for span in calm_spans[1:-1] if span]  # after a restart, before the next
+    assert between, calm_spans
+    assert all(span[-1] > span[0] for span in between), between
+    assert stats.submitted > 2_000, stats  # the old schedule: 880 in 90 s
