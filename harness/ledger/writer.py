@@ -122,9 +122,9 @@ class LedgerWriter:
         For a loop that writes an event per record of a batch with nothing between them that
         must be on disk first (no commit; a crash point ``flush``-es before it kills): the block
         returns once the kernel holds them all, one system call instead of hundreds. A kill from
-        outside loses what the block holds, as if it had come before the block. A batch is its thread's: other threads'
-        events are written as they come (a file then holds seqs out of order; readers sort by
-        them). Blocks do not nest.
+        outside loses what the block holds, as if it had come before the block. A batch is its
+        thread's: other threads' events are written as they come (a file then holds seqs out of
+        order; readers sort by them). Blocks do not nest.
         """
         if getattr(self._local, "held", None) is not None:
             raise RuntimeError("ledger batches do not nest")
