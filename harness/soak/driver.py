@@ -230,10 +230,11 @@ class _Driver:
         if isinstance(step, Heal) and self._restart_open:  # restarted and answering: now the flow
             self._restart_open = False
             out = session.out_count()
-            # Recovered once half of what was in flight came out (at most half a window): a few
-            # outputs read late from before the kill are not a group that serves again.
-            needed = 1 if out is None else max(1, min(len(session.ops) - out, self.soak.in_flight) // 2)
-            self._recovering = None if out is None else (out, needed, time.monotonic())
+            if out is not None:  # a flow that cannot say what came out is not waited for
+                # Recovered once half of what was in flight came out (at most half a window): a
+                # few outputs read late from before the kill are not a group that serves again.
+                needed = max(1, min(len(session.ops) - out, self.soak.in_flight) // 2)
+                self._recovering = (out, needed, time.monotonic())
 
     def recovered(self) -> bool:
         """Whether the flow runs again after a restart's heal (or there is none to wait for):
