@@ -364,7 +364,7 @@ def run_soak(
         driver.finish()
         closing = time.monotonic()
         progress(f"{len(session.ops):,} submitted; quiescence and verification (at most {soak.quiesce_s:g}s)")
-        result = session.close()
+        result = session.close(progress=progress)
     ended = time.monotonic()
     stats = SoakStats(
         submitted=len(session.ops),

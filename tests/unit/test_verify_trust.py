@@ -355,3 +355,28 @@ def test_engines_agree_on_incomplete_and_damaged_folders(case: str, spark_engine
         assert remote.notes
         assert remote.notes[0].startswith("rebuilt ")
         assert remote.ops("duplicate-effect") == {DUP}
+
+
+@pytest.mark.parametrize("announce_bytes", [0, 1 << 40])
+def test_judging_a_large_ledger_says_what_the_close_is_doing(
+    announce_bytes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.resources import scenarios_dir
+    from harness.run.core import outcome
+    from harness.run.spec.files import resolve
+
+    run = _run(tmp_path / "run", snapshot=True)
+    _manifest(run, complete=False)
+    folder = RunFolder(run, manifest=json.loads((run / "manifest.json").read_text()))
+    folder.close_books()
+    (spec,) = resolve("onepc_crash_gap:naive", 1, scenarios_dir())
+    monkeypatch.setattr(outcome, "ANNOUNCE_BYTES", announce_bytes)
+    said: list[str] = []
+    result = outcome.judge_folder(folder, spec, said.append)
+    assert result.verdict.found() == {"duplicate-effect": 1, "duplicate-external-call": 1}
+    if announce_bytes:
+        assert said == []  # a small ledger's close stays quiet
+    else:
+        events = len(read_segments(run / "ledger"))
+        assert said[0].startswith("judging the run: compacting 0 MB of ledger segments")
+        assert said[1].startswith(f"compacted {events:,} events in ")

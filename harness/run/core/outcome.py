@@ -6,6 +6,7 @@ ledger, verifies it and writes ``verdict.json`` into a ``RunResult`` (``RunSessi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 from harness.clients import db
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
-from harness.ledger.reader import compact
+from harness.ledger.layout import read_layout
+from harness.ledger.reader import compact, segments_bytes
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
@@ -25,6 +27,8 @@ from harness.verify.verdict import Verdict
 from harness.worker.crash import write_arms
 
 Progress = Callable[[str], None]
+# Segments this large take seconds to compact (about 100 MB/s here): the close says what it is doing.
+ANNOUNCE_BYTES = 64 << 20
 
 
 def _quiet(_: str) -> None:
@@ -63,11 +67,21 @@ def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> 
     return engine
 
 
-def judge_folder(folder: RunFolder, spec: ScenarioSpec) -> RunResult:
-    """Compact the run's ledger, verify it against ``spec``'s contract and write ``verdict.json``."""
+def judge_folder(folder: RunFolder, spec: ScenarioSpec, progress: Progress = _quiet) -> RunResult:
+    """Compact the run's ledger, verify it against ``spec``'s contract and write ``verdict.json``.
+
+    A ledger of ``ANNOUNCE_BYTES`` or more is announced on ``progress`` (its size, then the time its
+    compaction took), so a long soak's close does not sit silent for a minute.
+    """
     path = folder.path
+    size = segments_bytes(path / "ledger")
+    announce = progress if size >= ANNOUNCE_BYTES else _quiet
     try:
-        compact(path / "ledger")
+        announce(f"judging the run: compacting {size / 1e6:,.0f} MB of ledger segments")
+        started = time.monotonic()
+        layout = read_layout(compact(path / "ledger")) or {}
+        events = f"{int(layout.get('events', 0)):,} events"
+        announce(f"compacted {events} in {time.monotonic() - started:.1f}s; judging them")
         verdict = check_run(path, spec.contract, scenario=spec.label, seed=spec.seed)
     except Exception as exc:
         hint = "the ledger segments are kept in ledger/"

@@ -173,8 +173,11 @@ class RunSession:
         self._pool.start(self.processes.start_timeout_s)
         self.processes.announce()
 
-    def close(self) -> RunResult:
-        """Wait for quiescence, close the books and return the verdict; heals in any case."""
+    def close(self, *, progress: Progress | None = None) -> RunResult:
+        """Wait for quiescence, close the books and return the verdict; heals in any case.
+
+        ``progress`` (default: the session's) hears how the verdict of a large ledger is coming.
+        """
         if self._result is not None:
             return self._result
         if self._engine is None:
@@ -192,7 +195,7 @@ class RunSession:
             self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
         finally:
             self._heal()
-        self._result = self._verdict()
+        self._result = judge_folder(self.folder, self.spec, progress or self.progress)
         self.processes.after_close()  # a service that failed by itself says so once the books are closed
         return self._result
 
@@ -342,9 +345,6 @@ class RunSession:
         """Let late duplicates arrive (``settle_s``), then record how far the flow got (``out()`` of the ops)."""
         time.sleep(self.spec.settle_s)
         self.folder.step(f"quiescence after {out()}/{len(self.ops)} {what}; {pool.restarts} restart(s)")
-
-    def _verdict(self) -> RunResult:
-        return judge_folder(self.folder, self.spec)
 
 
 def run_scenario(
