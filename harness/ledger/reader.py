@@ -8,8 +8,10 @@ the tear is recovered (every row starts with ``{"ts_ns":``).
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,9 +67,44 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     return row
 
 
-def _rows(path: Path) -> Iterator[dict[str, Any] | None]:
-    """Yield each readable row of one segment in file order, and None for each damaged line."""
-    with path.open("rb") as fh:
+class _Region(io.RawIOBase):
+    """Bytes ``[start, end)`` of a file (to its end when ``end`` is None), read as a file of their own.
+
+    A run's segments grow while a live compaction reads them: it reads only up to the last whole
+    line it saw, so neither Arrow nor the line reader meets the line a writer is appending.
+    """
+
+    def __init__(self, path: Path, start: int = 0, end: int | None = None) -> None:
+        super().__init__()
+        self._fh = path.open("rb")
+        self._fh.seek(start)
+        self._left = None if end is None else max(end - start, 0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._left is not None:
+            view = view[: self._left]
+        got = self._fh.readinto(view) or 0
+        if self._left is not None:
+            self._left -= got
+        return got
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def _region(path: Path, start: int = 0, end: int | None = None) -> io.BufferedReader:
+    return io.BufferedReader(_Region(path, start, end), buffer_size=1 << 20)
+
+
+def _rows(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any] | None]:
+    """Yield each readable row of one segment (bytes ``[start, end)``) in file order, and None for
+    each damaged line."""
+    with _region(path, start, end) as fh:
         for raw in fh:
             row = _parse(raw) if raw.endswith(b"\n") else None
             if row is None:
@@ -113,12 +150,12 @@ def _checked(table: pa.Table) -> pa.Table | None:
         return None
 
 
-def _line_chunks(path: Path, skip: int) -> Iterator[tuple[pa.Table, int]]:
-    """Yield the segment's readable rows after the first ``skip`` in chunks, each with the damaged
-    lines met since the previous chunk (damage in the skipped part is counted too)."""
+def _line_chunks(path: Path, skip: int, start: int, end: int | None) -> Iterator[tuple[pa.Table, int]]:
+    """Yield the readable rows of bytes ``[start, end)`` after the first ``skip`` in chunks, each with
+    the damaged lines met since the previous chunk (damage in the skipped part is counted too)."""
     rows: list[dict[str, Any]] = []
     damaged = seen = 0
-    for row in _rows(path):
+    for row in _rows(path, start, end):
         if row is None:
             damaged += 1
             continue
@@ -133,39 +170,46 @@ def _line_chunks(path: Path, skip: int) -> Iterator[tuple[pa.Table, int]]:
         yield _rows_table(rows), damaged
 
 
-def segment_chunks(path: Path) -> Iterator[tuple[pa.Table, int]]:
+def segment_chunks(
+    path: Path, start: int = 0, end: int | None = None, *, threads: bool = True
+) -> Iterator[tuple[pa.Table, int]]:
     """Yield one segment's readable events in file order, in chunks of bounded size, each with the
-    damaged lines skipped since the previous chunk.
+    damaged lines skipped since the previous chunk: the whole segment, or its bytes ``[start, end)``
+    (``start`` at the beginning of a line; ``end``, when given, just after a newline).
 
     Arrow's JSON reader parses the segment block by block in C++ (an event read line by line into
-    a dict takes about 1.5 KB, in Arrow's columns about a tenth). A block holding a damaged line
-    (torn, mistyped, not an object, a required field missing) makes Arrow stop; the line reader then
-    goes on from the first row Arrow did not hand out, counting and skipping the damage line by line.
-    A torn last line goes to the line reader at once: Arrow would take a whole-looking tail.
+    a dict takes about 1.5 KB, in Arrow's columns about a tenth), on its thread pool unless
+    ``threads`` is False. A block holding a damaged line (torn, mistyped, not an object, a required
+    field missing) makes Arrow stop; the line reader then goes on from the first row Arrow did not
+    hand out, counting and skipping the damage line by line. A torn last line goes to the line reader
+    at once: Arrow would take a whole-looking tail.
     """
-    size = path.stat().st_size
-    if size == 0:
+    stop = path.stat().st_size if end is None else end
+    if stop <= start:
         return
     with path.open("rb") as fh:
-        fh.seek(size - 1)
+        fh.seek(stop - 1)
         whole = fh.read(1) == b"\n"
     done = 0
     if whole:
         try:
-            reader = pa_json.open_json(
-                path, read_options=pa_json.ReadOptions(block_size=_BLOCK_BYTES), parse_options=_ARROW_JSON
-            )
-            for batch in reader:
-                table = _checked(pa.Table.from_batches([batch]))
-                if table is None:
-                    break
-                yield table, 0
-                done += table.num_rows
-            else:
-                return
+            with _region(path, start, stop) as region:
+                reader = pa_json.open_json(
+                    region,
+                    read_options=pa_json.ReadOptions(block_size=_BLOCK_BYTES, use_threads=threads),
+                    parse_options=_ARROW_JSON,
+                )
+                for batch in reader:
+                    table = _checked(pa.Table.from_batches([batch]))
+                    if table is None:
+                        break
+                    yield table, 0
+                    done += table.num_rows
+                else:
+                    return
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
-    yield from _line_chunks(path, done)
+    yield from _line_chunks(path, done, start, stop)
 
 
 def _segment_table(path: Path) -> tuple[pa.Table, int]:
@@ -224,41 +268,140 @@ def with_op_bucket(table: pa.Table) -> pa.Table:
     return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
 
-def compact(ledger_dir: Path) -> Path:
-    """Write the segments as the bucketed ``events.parquet/`` directory; the segments stay as written.
+def _whole_lines_end(path: Path, start: int, limit: int | None = None) -> int:
+    """Return the offset just after the segment's last newline in ``[start, limit)`` (``start`` if none)."""
+    end = path.stat().st_size if limit is None else min(path.stat().st_size, limit)
+    with path.open("rb") as fh:
+        while end > start:
+            lo = max(start, end - (64 << 10))
+            fh.seek(lo)
+            at = fh.read(end - lo).rfind(b"\n")
+            if at >= 0:
+                return lo + at + 1
+            end = lo
+    return start
+
+
+class Compaction:
+    """The segments of one ledger turned into the bucketed ``events.parquet/`` directory.
+
+    ``take`` spills the whole lines written so far and may be called again and again while the run
+    still writes (a soak does so in the background, so its close reads only the tails); ``finish``
+    reads the rest of every segment, a torn last line included, and writes the buckets. What it
+    writes is what compacting the finished segments at once writes: the spill takes events in any
+    order, and the operation ids, the bucket count and the damage are settled in ``finish``.
 
     Streams: segments are read in chunks and spilled by bucket (``BucketSpill``), then each bucket
-    is sorted and written alone, so memory holds one bucket, not the ledger. Safe to repeat: the new
-    directory replaces the old one only once it is complete; the spill is removed either way.
+    is sorted and written alone, so memory holds one bucket, not the ledger. The segments stay as
+    written; the new directory replaces the old one only once it is complete; the spill is removed
+    by ``finish`` and ``discard`` whatever happens.
     """
-    out = ledger_dir / PARQUET_NAME
-    tmp = ledger_dir / (PARQUET_NAME + ".tmp")
-    spill_dir = ledger_dir / (PARQUET_NAME + ".spill")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(spill_dir, ignore_errors=True)
-    spill = BucketSpill(spill_dir)
-    try:
-        damage: dict[str, int] = {}
-        for seg in segment_files(ledger_dir):
-            damaged = 0
-            for chunk, skipped in segment_chunks(seg):
-                spill.add(chunk)
-                damaged += skipped
-            if damaged:
-                damage[seg.name] = damaged
-        writer = BucketWriter(tmp, n_buckets_for(spill.rows))
-        for _, rows in spill.sorted_buckets(writer.n_buckets):
-            writer.write(rows)
-        writer.close(spill.rows, damaged_lines=damage)
-    finally:
-        spill.close()
-        shutil.rmtree(spill_dir, ignore_errors=True)
-    if out.is_dir():
-        shutil.rmtree(out)
-    elif out.exists():
-        out.unlink()
-    tmp.rename(out)
-    return out
+
+    def __init__(self, ledger_dir: Path) -> None:
+        self.ledger_dir = ledger_dir
+        self._spill_dir = ledger_dir / (PARQUET_NAME + ".spill")
+        shutil.rmtree(self._spill_dir, ignore_errors=True)
+        self._spill = BucketSpill(self._spill_dir)
+        self._taken: dict[Path, int] = {}  # segment -> bytes spilled so far (whole lines)
+        self._damage: dict[str, int] = {}
+        self._lock = threading.Lock()  # a background ``take`` and the close's ``finish`` never overlap
+        self._broken = False  # a take failed halfway: what the spill holds is not known
+        self._done = False
+
+    @property
+    def events(self) -> int:
+        """Return how many events are spilled so far."""
+        return self._spill.rows
+
+    @property
+    def taken_bytes(self) -> int:
+        """Return how many bytes of segments are spilled so far."""
+        return sum(self._taken.values())
+
+    def take(self, *, max_bytes: int | None = None, threads: bool = False) -> int:
+        """Spill the whole lines written since the last call, at most about ``max_bytes`` of them;
+        return how many events that was (0: nothing new, or the compaction is finished).
+
+        Arrow's thread pool is left alone unless ``threads``: in the background of a live run this
+        runs on the calling thread only. A bound on the bytes bounds the memory one take holds.
+        """
+        with self._lock:
+            if self._done or self._broken:
+                return 0
+            before = self._spill.rows
+            budget = max_bytes
+            try:
+                for seg in segment_files(self.ledger_dir):
+                    if budget is not None and budget <= 0:
+                        break
+                    start = self._taken.get(seg, 0)
+                    end = _whole_lines_end(seg, start, None if budget is None else start + budget)
+                    self._read(seg, start, end, threads=threads)
+                    budget = None if budget is None else budget - (end - start)
+                self._spill.flush()
+                pa.default_memory_pool().release_unused()  # a live run's driver stays as small as it was
+            except BaseException:
+                self._broken = True  # ``finish`` starts again from the segments
+                raise
+            return self._spill.rows - before
+
+    def _read(self, seg: Path, start: int, end: int | None, *, threads: bool) -> None:
+        stop = seg.stat().st_size if end is None else end
+        if stop <= start:
+            return
+        damaged = 0
+        for chunk, skipped in segment_chunks(seg, start, stop, threads=threads):
+            self._spill.add(chunk)
+            damaged += skipped
+        self._taken[seg] = stop
+        if damaged:
+            self._damage[seg.name] = self._damage.get(seg.name, 0) + damaged
+
+    def finish(self) -> Path:
+        """Read the rest of every segment and write ``events.parquet/``; return its path.
+
+        After a ``take`` that failed halfway, everything is read again from the segments.
+        """
+        out = self.ledger_dir / PARQUET_NAME
+        tmp = self.ledger_dir / (PARQUET_NAME + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with self._lock:
+            if self._done:
+                raise RuntimeError(f"the compaction of {self.ledger_dir} is finished already")
+            self._done = True
+            try:
+                if self._broken:
+                    self._discard()
+                    self._spill, self._taken, self._damage = BucketSpill(self._spill_dir), {}, {}
+                for seg in segment_files(self.ledger_dir):
+                    self._read(seg, self._taken.get(seg, 0), None, threads=True)
+                writer = BucketWriter(tmp, n_buckets_for(self._spill.rows))
+                for _, rows in self._spill.sorted_buckets(writer.n_buckets):
+                    writer.write(rows)
+                writer.close(self._spill.rows, damaged_lines=self._damage)
+            finally:
+                self._discard()
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists():
+            out.unlink()
+        tmp.rename(out)
+        return out
+
+    def discard(self) -> None:
+        """Drop what was spilled (a run that will not be compacted from here); safe to repeat."""
+        with self._lock:
+            self._done = True
+            self._discard()
+
+    def _discard(self) -> None:
+        self._spill.close()
+        shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+
+def compact(ledger_dir: Path) -> Path:
+    """Write the segments as the bucketed ``events.parquet/`` directory at once (``Compaction``)."""
+    return Compaction(ledger_dir).finish()
 
 
 def compacted_damage(ledger_dir: Path) -> list[str]:
@@ -336,6 +479,7 @@ def read_ledger(ledger_dir: Path) -> pa.Table:
 __all__ = [
     "OP_BUCKETS",
     "PARQUET_NAME",
+    "Compaction",
     "compact",
     "compacted_damage",
     "read_ledger",

@@ -339,3 +339,104 @@ def test_a_batch_is_its_threads_own(tmp_path: Path) -> None:
             other.join()
             assert [json.loads(x)["kind"] for x in seg.read_text().splitlines()] == ["submit"]
     assert sorted(json.loads(x)["seq"] for x in seg.read_text().splitlines()) == [0, 1]
+
+
+def _parts(out: Path) -> dict[str, object]:
+    """Return a compacted ledger's content: each bucket file's rows, in order, and its layout."""
+    files = {p.name: pq.read_table(p).to_pylist() for p in sorted(out.glob("*.parquet"))}
+    return {"files": files, "layout": read_layout(out)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_live_compaction_writes_what_compacting_the_finished_segments_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    # Segments grow, a line is half written when a take comes, a new writer starts late, a damaged
+    # line and a torn tail appear: taking now and then, then finishing, must come to the same parts.
+    import random
+    import shutil
+
+    from harness.ledger import layout
+    from harness.ledger.reader import Compaction
+
+    monkeypatch.setattr(layout, "_SORTED_SLICE", 53)  # several spill flushes and row groups
+    rng = random.Random(seed)
+    ledger = tmp_path / "live" / "ledger"
+    live = Compaction(ledger)
+    writers = [LedgerWriter(ledger, "driver"), LedgerWriter(ledger, "worker-0")]
+    half: tuple[Path, bytes] | None = None
+    for i in range(600):
+        if i == 250:
+            writers.append(LedgerWriter(ledger, "worker-1"))
+        w = rng.choice(writers)
+        w.emit(Kind.DELIVER, op=f"op-{rng.randrange(80)}", msg=f"m-{i}", attempt=1 + i % 3, note="é" * (i % 4))
+        if i == 300:
+            (seg,) = (ledger / "segments").glob("driver-*.jsonl")
+            with seg.open("ab") as fh:
+                fh.write(b'{"ts_ns":1,"src":"driver","pid":1,"seq":true,"kind":"x"}\n')  # damaged
+        if half is None and rng.random() < 0.05:  # a writer in the middle of its line
+            line = b'{"ts_ns":5,"src":"stray","pid":7,"seq":0,"kind":"submit","op":"op-1","detail":"{}"}\n'
+            half = (ledger / "segments" / "stray-7.jsonl", line)
+            with half[0].open("ab") as fh:
+                fh.write(line[:30])
+        elif half is not None and rng.random() < 0.2:  # ... and done with it
+            with half[0].open("ab") as fh:
+                fh.write(half[1][30:])
+            half = None
+        if rng.random() < 0.05:
+            live.take()
+    for w in writers:
+        w.close()
+    with (ledger / "segments" / "stray-8.jsonl").open("ab") as fh:
+        fh.write(b'{"ts_ns":9,"src":"stray","pid":8,"seq":0,"kind":"sub')  # torn by a kill
+    assert live.events > 0
+    once = tmp_path / "once" / "ledger"
+    shutil.copytree(ledger / "segments", once / "segments")
+    got, expected = _parts(live.finish()), _parts(compact(once))
+    assert got == expected
+    layout_meta = got["layout"]
+    assert isinstance(layout_meta, dict)
+    assert sum(layout_meta["damaged_lines"].values()) >= 2  # the mistyped line and the torn tail
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+
+
+def test_a_discarded_live_compaction_leaves_no_spill(tmp_path: Path) -> None:
+    from harness.ledger.reader import Compaction
+
+    ledger = _write_small(tmp_path)
+    live = Compaction(ledger)
+    assert live.take() > 0
+    assert (ledger / f"{PARQUET_NAME}.spill").exists()
+    live.discard()
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert not (ledger / PARQUET_NAME).exists()
+
+
+def test_a_take_that_fails_halfway_is_read_again_at_finish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from harness.ledger import layout
+    from harness.ledger.reader import Compaction
+
+    ledger = _write_small(tmp_path / "live")
+    live = Compaction(ledger)
+    calls = 0
+    real_add = layout.BucketSpill.add
+
+    def add_then_fail(self: layout.BucketSpill, table: pa.Table) -> None:
+        nonlocal calls
+        calls += 1
+        real_add(self, table)  # spilled, and then the disk fills before the take is booked
+        raise OSError("disk full")
+
+    monkeypatch.setattr(layout.BucketSpill, "add", add_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        live.take()
+    assert calls == 1
+    assert live.take() == 0  # a broken compaction takes nothing more
+    monkeypatch.setattr(layout.BucketSpill, "add", real_add)
+    once = tmp_path / "once" / "ledger"
+    shutil.copytree(ledger / "segments", once / "segments")
+    assert _parts(live.finish()) == _parts(compact(once))
+    with pytest.raises(RuntimeError, match="finished already"):
+        live.finish()
