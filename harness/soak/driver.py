@@ -29,6 +29,7 @@ from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
+from harness.soak.compacting import LiveCompaction
 from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
@@ -359,12 +360,13 @@ def run_soak(
     schedule.write(session.folder.path)
     progress(f"{soak.label}: {schedule.windows} fault window(s) scheduled; run folder {session.folder.path}")
     driver = _Driver(soak, session, schedule, progress, progress_every_s)
-    with session:  # opens the run; heals it (workers, faults, clients) on the way out, whatever happens
+    # The run opens its ledger; compacting it starts as it is written, so the close reads only tails.
+    with session, LiveCompaction(session.folder.path / "ledger") as live:
         interrupted = driver.run()
         driver.finish()
         closing = time.monotonic()
         progress(f"{len(session.ops):,} submitted; quiescence and verification (at most {soak.quiesce_s:g}s)")
-        result = session.close(progress=progress)
+        result = session.close(progress=progress, compaction=live.compaction)
     ended = time.monotonic()
     stats = SoakStats(
         submitted=len(session.ops),

@@ -404,3 +404,44 @@ def test_a_restarts_wait_for_the_flow_starts_once_the_heal_has_restarted_it(tmp_
     assert driver.recover_waits[0] < 0.2
     assert driver.late_s >= 0.2  # the heal's time, once
     driver._pace.close()
+
+
+def test_a_live_compaction_takes_while_the_ledger_grows_and_the_close_finishes_it(tmp_path: Path) -> None:
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from harness.ledger.reader import PARQUET_NAME, compact
+    from harness.ledger.schema import Kind
+    from harness.ledger.writer import LedgerWriter
+    from harness.soak.compacting import LiveCompaction
+
+    ledger = tmp_path / "run" / "ledger"
+    with LedgerWriter(ledger, "driver") as w, LiveCompaction(ledger, every_s=0.01) as live:
+        for i in range(3000):
+            w.emit(Kind.SUBMIT, op=f"op-{i}", dest="orders")
+            if i % 500 == 0:
+                time.sleep(0.05)  # the thread takes what is written so far
+        assert live.compaction.events > 0  # taken while the ledger grew
+        assert live.error is None
+        once = tmp_path / "once" / "ledger"
+        shutil.copytree(ledger / "segments", once / "segments")
+        out = live.compaction.finish()
+    assert pq.read_table(out).to_pylist() == pq.read_table(compact(once)).to_pylist()
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+
+
+def test_a_live_compaction_closed_without_a_verdict_leaves_no_spill(tmp_path: Path) -> None:
+    from harness.ledger.reader import PARQUET_NAME
+    from harness.ledger.schema import Kind
+    from harness.ledger.writer import LedgerWriter
+    from harness.soak.compacting import LiveCompaction
+
+    ledger = tmp_path / "run" / "ledger"
+    with LedgerWriter(ledger, "driver") as w, LiveCompaction(ledger, every_s=0.01) as live:
+        w.emit(Kind.SUBMIT, op="op-1", dest="orders")
+        time.sleep(0.1)
+        assert (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert live.compaction.take() == 0
+    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert not (ledger / PARQUET_NAME).exists()

@@ -15,7 +15,7 @@ from harness.clients import db
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import HarnessError
 from harness.ledger.layout import read_layout
-from harness.ledger.reader import compact, segments_bytes
+from harness.ledger.reader import Compaction, segments_bytes
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
@@ -67,19 +67,24 @@ def reset_state(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder) -> 
     return engine
 
 
-def judge_folder(folder: RunFolder, spec: ScenarioSpec, progress: Progress = _quiet) -> RunResult:
+def judge_folder(
+    folder: RunFolder, spec: ScenarioSpec, progress: Progress = _quiet, compaction: Compaction | None = None
+) -> RunResult:
     """Compact the run's ledger, verify it against ``spec``'s contract and write ``verdict.json``.
 
-    A ledger of ``ANNOUNCE_BYTES`` or more is announced on ``progress`` (its size, then the time its
-    compaction took), so a long soak's close does not sit silent for a minute.
+    ``compaction``: one begun while the run went (a soak's), finished here; by default the whole
+    ledger is compacted now. A ledger of ``ANNOUNCE_BYTES`` or more is announced on ``progress``
+    (its size, then the time its compaction took), so a long soak's close does not sit silent.
     """
     path = folder.path
     size = segments_bytes(path / "ledger")
     announce = progress if size >= ANNOUNCE_BYTES else _quiet
     try:
-        announce(f"judging the run: compacting {size / 1e6:,.0f} MB of ledger segments")
+        taken = compaction.taken_bytes if compaction is not None else 0
+        early = f" ({taken / 1e6:,.0f} MB of them read while it ran)" if taken else ""
+        announce(f"judging the run: compacting {size / 1e6:,.0f} MB of ledger segments{early}")
         started = time.monotonic()
-        layout = read_layout(compact(path / "ledger")) or {}
+        layout = read_layout((compaction or Compaction(path / "ledger")).finish()) or {}
         events = f"{int(layout.get('events', 0)):,} events"
         announce(f"compacted {events} in {time.monotonic() - started:.1f}s; judging them")
         verdict = check_run(path, spec.contract, scenario=spec.label, seed=spec.seed)

@@ -28,6 +28,7 @@ from typing import Any, Self, cast
 from harness.clients import db
 from harness.errors import ConfigError, HarnessError
 from harness.faults.base import active
+from harness.ledger.reader import Compaction
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.books import Book
@@ -173,10 +174,11 @@ class RunSession:
         self._pool.start(self.processes.start_timeout_s)
         self.processes.announce()
 
-    def close(self, *, progress: Progress | None = None) -> RunResult:
+    def close(self, *, progress: Progress | None = None, compaction: Compaction | None = None) -> RunResult:
         """Wait for quiescence, close the books and return the verdict; heals in any case.
 
-        ``progress`` (default: the session's) hears how the verdict of a large ledger is coming.
+        ``progress`` (default: the session's) hears how the verdict of a large ledger is coming;
+        ``compaction``, begun while the run went, is finished for it (``judge_folder``).
         """
         if self._result is not None:
             return self._result
@@ -195,7 +197,7 @@ class RunSession:
             self.folder.close_books()  # the snapshot is in the ledger: the folder is complete
         finally:
             self._heal()
-        self._result = judge_folder(self.folder, self.spec, progress or self.progress)
+        self._result = judge_folder(self.folder, self.spec, progress or self.progress, compaction)
         self.processes.after_close()  # a service that failed by itself says so once the books are closed
         return self._result
 
