@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import threading
 import time
@@ -268,6 +269,22 @@ def with_op_bucket(table: pa.Table) -> pa.Table:
     return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
 
+SPILL_PREFIX = PARQUET_NAME + ".spill-"  # then the compacting process's id
+
+
+def _alive(pid: str) -> bool:
+    """Tell whether process ``pid`` (text, from a spill folder's name) may still be running."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's
+    return True
+
+
 def _whole_lines_end(path: Path, start: int, limit: int | None = None) -> int:
     """Return the offset just after the segment's last newline in ``[start, limit)`` (``start`` if none)."""
     end = path.stat().st_size if limit is None else min(path.stat().st_size, limit)
@@ -299,8 +316,12 @@ class Compaction:
 
     def __init__(self, ledger_dir: Path) -> None:
         self.ledger_dir = ledger_dir
-        self._spill_dir = ledger_dir / (PARQUET_NAME + ".spill")
-        shutil.rmtree(self._spill_dir, ignore_errors=True)
+        # The spill is this process's: a `txchaos verify` of a soak's folder while the soak still
+        # compacts it must not remove the soak's spill. One left by a process that is gone is removed.
+        self._spill_dir = ledger_dir / f"{SPILL_PREFIX}{os.getpid()}"
+        for stale in ledger_dir.glob(f"{PARQUET_NAME}.spill*"):  # ".spill": a version before the ids
+            if stale == self._spill_dir or not _alive(stale.name.removeprefix(SPILL_PREFIX)):
+                shutil.rmtree(stale, ignore_errors=True)
         self._spill = BucketSpill(self._spill_dir)
         self._taken: dict[Path, int] = {}  # segment -> bytes spilled so far (whole lines)
         self._damage: dict[str, int] = {}
@@ -479,6 +500,7 @@ def read_ledger(ledger_dir: Path) -> pa.Table:
 __all__ = [
     "OP_BUCKETS",
     "PARQUET_NAME",
+    "SPILL_PREFIX",
     "Compaction",
     "compact",
     "compacted_damage",

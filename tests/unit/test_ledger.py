@@ -220,7 +220,7 @@ def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
     with pytest.raises(OSError, match="disk full"):
         compact(ledger)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last whole one stays
-    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
 
 
 @pytest.mark.parametrize("n_buckets", [4, 16, 32])
@@ -253,7 +253,7 @@ def test_streamed_compaction_writes_what_sorting_the_whole_ledger_writes(
         got += rows
     assert sorted(got, key=str) == sorted(expected.to_pylist(), key=str)
     assert (read_layout(out) or {})["n_buckets"] == n_buckets
-    assert not (ledger / f"{PARQUET_NAME}.spill").exists()  # the spill is removed
+    assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))  # the spill is removed
 
 
 @pytest.mark.parametrize(
@@ -397,7 +397,7 @@ def test_a_live_compaction_writes_what_compacting_the_finished_segments_writes(
     layout_meta = got["layout"]
     assert isinstance(layout_meta, dict)
     assert sum(layout_meta["damaged_lines"].values()) >= 2  # the mistyped line and the torn tail
-    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
 
 
 def test_a_discarded_live_compaction_leaves_no_spill(tmp_path: Path) -> None:
@@ -406,9 +406,9 @@ def test_a_discarded_live_compaction_leaves_no_spill(tmp_path: Path) -> None:
     ledger = _write_small(tmp_path)
     live = Compaction(ledger)
     assert live.take() > 0
-    assert (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert list(ledger.glob(f"{PARQUET_NAME}.spill*"))
     live.discard()
-    assert not (ledger / f"{PARQUET_NAME}.spill").exists()
+    assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
     assert not (ledger / PARQUET_NAME).exists()
 
 
@@ -440,3 +440,27 @@ def test_a_take_that_fails_halfway_is_read_again_at_finish(tmp_path: Path, monke
     assert _parts(live.finish()) == _parts(compact(once))
     with pytest.raises(RuntimeError, match="finished already"):
         live.finish()
+
+
+def test_a_compaction_leaves_a_running_processs_spill_and_removes_a_dead_ones(tmp_path: Path) -> None:
+    # `txchaos verify` of a soak's folder while the soak still compacts it must not pull the
+    # soak's spill from under it; what a killed driver left is cleared by the next compaction.
+    from harness.ledger.reader import SPILL_PREFIX
+
+    ledger = _write_small(tmp_path)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = ledger / f"{SPILL_PREFIX}{sleeper.pid}"
+        live.mkdir()
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        gone = ledger / f"{SPILL_PREFIX}{dead.stdout.strip()}"
+        gone.mkdir()
+        old = ledger / f"{PARQUET_NAME}.spill"  # a spill of the version before per-process names
+        old.mkdir()
+        compact(ledger)
+        assert live.is_dir()
+        assert not gone.exists()
+        assert not old.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
