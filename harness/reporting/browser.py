@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import ConfigError, HarnessError
@@ -22,6 +23,8 @@ NAMES = ("chromium", "chromium-browser", "google-chrome")
 # Enough virtual time for Allure's single-file app to decode its data and draw its charts.
 BUDGET_MS = 20_000
 TIMEOUT_S = 120.0
+# A loaded machine can end the budget before a chart is drawn; a page that is not ready is loaded again.
+ATTEMPTS = 3
 
 
 def find_chromium() -> Path:
@@ -67,9 +70,22 @@ def _url(index: Path, tab: str) -> str:
     return index.resolve().as_uri() + (f"#{tab}" if tab else "")
 
 
-def dump_dom(chromium: Path, index: Path, tab: str = "") -> str:
-    """Return the DOM of ``index`` at tab ``tab`` (``""`` overview, ``categories``, ``graph``) once rendered."""
-    return _run(chromium, ["--dump-dom", _url(index, tab)], f"--dump-dom of {index}#{tab}")
+def dump_dom(
+    chromium: Path, index: Path, tab: str = "", *, ready: Callable[[str], bool] | None = None, what: str = ""
+) -> str:
+    """Return the DOM of ``index`` at tab ``tab`` (``""`` overview, ``categories``, ``graph``) once rendered.
+
+    With ``ready``, the page is loaded again (at most ``ATTEMPTS`` times) until ``ready(dom)`` holds;
+    if it never does, a HarnessError names ``what`` was missing.
+    """
+    for _ in range(ATTEMPTS):
+        dom = _run(chromium, ["--dump-dom", _url(index, tab)], f"--dump-dom of {index}#{tab}")
+        if ready is None or ready(dom):
+            return dom
+    raise HarnessError(
+        f"{index}#{tab} rendered without {what or 'what was waited for'} in {ATTEMPTS} loads",
+        hint=f"open it by hand: {_url(index, tab)}",
+    )
 
 
 def screenshot(chromium: Path, index: Path, tab: str, out: Path, *, size: tuple[int, int] = (1100, 700)) -> Path:

@@ -55,6 +55,11 @@ def _report(results: Path, out: Path, env: dict[str, str], *extra: str) -> Path:
     return out / "index.html"
 
 
+def _trend_drawn(dom: str) -> bool:
+    start = dom.find('class="history-trend"')
+    return start >= 0 and "chart__axis_y" in dom[start:]
+
+
 def test_the_report_shows_categories_environment_executor_and_a_two_point_trend(
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -76,7 +81,7 @@ def test_the_report_shows_categories_environment_executor_and_a_two_point_trend(
     categories = _text(dump_dom(chromium, index, "categories"))
     assert "Anomaly: duplicate-effect" in categories, categories[:2000]
     assert "Anomaly: dead-lettered-with-effect" in categories, categories[:2000]
-    overview_dom = dump_dom(chromium, index)
+    overview_dom = dump_dom(chromium, index, ready=_trend_drawn, what="the trend chart's axes")
     overview = _text(overview_dom)
     for shown in ("Environment", "ActiveMQ 6.1.", "Kafka 4.1.", "Toxiproxy 2.12.", "DTM 1.19.0"):
         assert shown in overview, f"{shown!r} not on the overview: {overview[:2000]}"
