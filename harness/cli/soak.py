@@ -7,7 +7,8 @@ Options mirror ``Soak`` (``harness.soak``): ``--duration 10m`` or ``--ops N``, `
 options for this soak: a Kafka consumer's ``batch_size`` and ``partitions``), ``--provider`` and
 ``--master`` (the Spark verification's master; ``--engine in-process`` skips Spark). Exit codes
 as ``txchaos run``; an interrupted soak exits 3 (4 when its evidence is incomplete) after it
-healed, closed its books and printed what it judged.
+healed, closed its books and printed what it judged. So does one the disk's room stopped early
+(``harness.soak.room``); one that cannot fit is refused before the stack starts.
 """
 
 from __future__ import annotations
@@ -115,12 +116,15 @@ def parse_options(given: list[str]) -> dict[str, object]:
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    from harness import paths
     from harness.cli.stacks import running_stack
     from harness.soak.driver import run_soak
+    from harness.soak.room import check_room
     from harness.soak.spec import Soak
 
     soak = build_soak(args)
     assert isinstance(soak, Soak)
+    check_room(soak, paths.runs_root())  # before any service starts
     with running_stack(args.provider) as endpoints:
         with console.status(soak.label) as status:
             # A terminal gets a status line redrawn each second; a log (CI, a pipe) a line each 10 s,
@@ -172,6 +176,8 @@ def show_soak(result: SoakResult) -> int:
     if stats.error:
         console.print(f"[red]  {stats.error}[/]")
         console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")
+    elif stats.stopped:
+        console.print(f"[yellow]  {stats.stopped}; every fault healed, books closed, the verdict covers what ran[/]")
     elif stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness import paths
 from harness.faults import KillBroker
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
@@ -31,6 +32,7 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.compacting import LiveCompaction
 from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
+from harness.soak.room import Room, check_room
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
 from harness.stack.base import Endpoints
@@ -44,6 +46,7 @@ STALL_S = 20.0  # draining ends when nothing more came out for this long
 # than a rest, and restarts named alone then followed each other with nothing out in between.
 RECOVER_S = 60.0
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
+ROOM_EVERY_S = 2.0  # between looks at the disk's free space (a statvfs and a stat per segment)
 # The protocol whose proxy a flow's broker faults open on, by transport.
 _BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka"}
 _BROKER_SERVICE = {"activemq": "activemq", "kafka": "kafka"}
@@ -65,8 +68,11 @@ class SoakStats:
     wall_s: float  # first submission to verdict: what ops_per_s divides by
     driver_peak_rss_mb: float  # the whole command: the closing compaction and verdict included
     driving_rss_mb: float  # the most the driver held while it submitted and the nemesis ran
-    interrupted: bool  # by Ctrl-C, SIGTERM or an error (``error``)
+    interrupted: bool  # by Ctrl-C, SIGTERM, the disk's room (``stopped``) or an error (``error``)
     error: str = ""  # what stopped the driver early: the verdict is incomplete and says so
+    # why the soak stopped submitting before its length with its books sound (the disk filling):
+    # the verdict covers what ran
+    stopped: str = ""
     # per heal of a broker or database kill, the seconds until the flow moved again (``RECOVER_S``
     # when it did not): the schedule waited that long before its next step
     recover_s: tuple[float, ...] = ()
@@ -138,9 +144,18 @@ class _Driver:
     """One soak's loop over an open session."""
 
     def __init__(
-        self, soak: Soak, session: RunSession, schedule: Schedule, progress: Progress, every_s: float = 1.0
+        self,
+        soak: Soak,
+        session: RunSession,
+        schedule: Schedule,
+        progress: Progress,
+        every_s: float = 1.0,
+        room: Room | None = None,
     ) -> None:
         self.soak, self.session, self.progress = soak, session, progress
+        self.room = room or Room(Path(session.folder.path) / "ledger")
+        self._next_room = 0.0
+        self.stopped = ""  # why submitting ended early with the books sound (``Room.short``)
         self.every_s = every_s  # between progress lines (the pace log gets one a second whatever this is)
         self._next_line = 0.0
         self.due: list[Timed] = list(schedule.entries)
@@ -169,6 +184,8 @@ class _Driver:
         return time.monotonic() - self.first
 
     def submitting(self) -> bool:
+        if self.stopped:
+            return False
         soak, n = self.soak, len(self.session.ops)
         if soak.ops is not None:
             return n < soak.ops
@@ -182,7 +199,7 @@ class _Driver:
         (an operation lost or stuck never comes out; the books say so, not a longer nemesis).
         """
         out, now = self.session.out_count(), time.monotonic()
-        if out is None or out >= len(self.session.ops):
+        if self.stopped or out is None or out >= len(self.session.ops):
             return False
         if out != self._out_seen:
             self._out_seen, self._out_moved = out, now
@@ -257,6 +274,13 @@ class _Driver:
 
     def tick(self) -> None:
         now = self.elapsed()
+        if now >= self._next_room:
+            self._next_room = now + ROOM_EVERY_S
+            short = self.room.short()
+            if short is not None:
+                self.stopped = short
+                self.progress(f"{short}; healing, quiescence, closing the books")
+                return
         # asked every tick, due steps or not: a wait ends (and is counted) when the flow moves
         while self.recovered() and self.due and self.due[0].at_s + self.late_s <= now:
             before = time.monotonic()
@@ -333,7 +357,7 @@ class _Driver:
             )
             self.progress(f"{self.error}: healing, quiescence, closing the books")
             return True
-        return False
+        return bool(self.stopped)
 
     def finish(self) -> None:
         """The final heal and thaw (recorded as steps), before quiescence."""
@@ -356,6 +380,7 @@ def run_soak(
     ``progress`` gets a line at most every ``progress_every_s`` while it runs, and each phase's."""
     spec = soak_spec(soak)
     schedule = schedule_of(soak, spec)
+    check_room(soak, runs_root or paths.runs_root())
     session = RunSession(spec, endpoints, runs_root=runs_root, progress=lambda _: None, bypass_faults=True)
     schedule.write(session.folder.path)
     progress(f"{soak.label}: {schedule.windows} fault window(s) scheduled; run folder {session.folder.path}")
@@ -381,6 +406,7 @@ def run_soak(
         driving_rss_mb=round(driver.rss_mb, 1),
         interrupted=interrupted,
         error=driver.error,
+        stopped=driver.stopped,
         recover_s=tuple(driver.recover_waits),
     )
     soaked = SoakResult(result.run_dir, result.verdict, result.spec, soak, schedule, stats)
