@@ -322,12 +322,14 @@ class Compaction:
         for stale in ledger_dir.glob(f"{PARQUET_NAME}.spill*"):  # ".spill": a version before the ids
             if stale == self._spill_dir or not _alive(stale.name.removeprefix(SPILL_PREFIX)):
                 shutil.rmtree(stale, ignore_errors=True)
-        self._spill = BucketSpill(self._spill_dir)
-        self._taken: dict[Path, int] = {}  # segment -> bytes spilled so far (whole lines)
-        self._damage: dict[str, int] = {}
+        self._spill, self._taken, self._damage = self._fresh()
         self._lock = threading.Lock()  # a background ``take`` and the close's ``finish`` never overlap
         self._broken = False  # a take failed halfway: what the spill holds is not known
         self._done = False
+
+    def _fresh(self) -> tuple[BucketSpill, dict[Path, int], dict[str, int]]:
+        """Return an empty spill, the bytes taken per segment (whole lines) and the damaged lines per segment name."""
+        return BucketSpill(self._spill_dir), {}, {}
 
     @property
     def events(self) -> int:
@@ -393,7 +395,7 @@ class Compaction:
             try:
                 if self._broken:
                     self._discard()
-                    self._spill, self._taken, self._damage = BucketSpill(self._spill_dir), {}, {}
+                    self._spill, self._taken, self._damage = self._fresh()
                 for seg in segment_files(self.ledger_dir):
                     self._read(seg, self._taken.get(seg, 0), None, threads=True)
                 writer = BucketWriter(tmp, n_buckets_for(self._spill.rows))
