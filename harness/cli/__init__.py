@@ -256,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_soak(sub, _seed)
 
+    from harness.cli.prune import add_parser as add_prune
+
+    add_prune(sub)
+
     p = sub.add_parser("replay", help="run a run folder's steps (steps.jsonl) again on a fresh run of its scenario")
     p.add_argument("run_dir")
     p.add_argument("--scenario", default=None, help="the scenario file or name, when not the folder's own")

@@ -285,6 +285,11 @@ def _alive(pid: str) -> bool:
     return True
 
 
+def compacting(ledger_dir: Path) -> bool:
+    """Tell whether a process still running is compacting ``ledger_dir`` (its spill folder is there)."""
+    return any(_alive(s.name.removeprefix(SPILL_PREFIX)) for s in ledger_dir.glob(f"{SPILL_PREFIX}*"))
+
+
 def _whole_lines_end(path: Path, start: int, limit: int | None = None) -> int:
     """Return the offset just after the segment's last newline in ``[start, limit)`` (``start`` if none)."""
     end = path.stat().st_size if limit is None else min(path.stat().st_size, limit)
@@ -506,6 +511,7 @@ __all__ = [
     "Compaction",
     "compact",
     "compacted_damage",
+    "compacting",
     "read_ledger",
     "read_segment",
     "read_segments",

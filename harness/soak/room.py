@@ -69,7 +69,8 @@ def check_room(soak: Soak, runs_root: Path, *, free: FreeBytes = free_bytes) -> 
         raise ConfigError(
             f"soak of {ops:,} operations needs about {need / 1e9:.1f} GB for its ledger and {runs_root} "
             f"has {have / 1e9:.1f} GB free",
-            hint=f"submit fewer (about {fits:,} operations fit), or set TXCHAOS_REPORTS to a disk with room",
+            hint=f"submit fewer (about {fits:,} operations fit), remove old run folders "
+            "(`txchaos prune --older-than 7d`), or set TXCHAOS_REPORTS to a disk with room",
         )
 
 

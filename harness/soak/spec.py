@@ -19,15 +19,15 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.soak.nemesis import DEFAULT, KINDS, Pace, Schedule
 
 MAX_OPS = 10_000_000
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float:
-    """Return the seconds ``text`` says: ``90``, ``90s``, ``10m``, ``1.5h``."""
+    """Return the seconds ``text`` says: ``90``, ``90s``, ``10m``, ``1.5h``, ``7d``."""
     match = _DURATION.match(text.strip())
     if match is None or float(match.group(1)) <= 0:
-        raise ConfigError(f"duration {text!r} is not a length of time", hint="write e.g. 90s, 10m or 1h")
+        raise ConfigError(f"duration {text!r} is not a length of time", hint="write e.g. 90s, 10m, 1h or 7d")
     return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 

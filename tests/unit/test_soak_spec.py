@@ -67,15 +67,16 @@ def test_without_crash_points_crash_and_freeze_are_skipped() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0), ("250ms", 0.25)]
+    ("text", "seconds"),
+    [("90", 90.0), ("90s", 90.0), ("10m", 600.0), ("1.5h", 5400.0), ("250ms", 0.25), ("7d", 604800.0)],
 )
 def test_durations_read_as_people_write_them(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "ten minutes", "-5m", "0s", "5d"])
+@pytest.mark.parametrize("text", ["", "ten minutes", "-5m", "0s", "5w"])
 def test_a_bad_duration_is_refused_with_the_fix(text: str) -> None:
-    with pytest.raises(ConfigError, match=re.escape("e.g. 90s, 10m or 1h")):
+    with pytest.raises(ConfigError, match=re.escape("e.g. 90s, 10m, 1h or 7d")):
         parse_duration(text)
 
 
