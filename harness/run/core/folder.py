@@ -23,7 +23,8 @@ STEPS = "steps.jsonl"  # the applied steps, one JSON line each (harness.run.spec
 
 @dataclass
 class RunFolder:
-    """Create and fill one run folder. Nothing in it is ever deleted by the harness."""
+    """Create and fill one run folder. A run never deletes anything in it (``txchaos prune`` removes
+    old folders on a user's request: ``harness.run.core.retention``)."""
 
     path: Path
     manifest: dict[str, Any] = field(default_factory=dict)
