@@ -82,8 +82,7 @@ class Room:
 
     def needed(self) -> int:
         """The bytes the close needs free now: the reserve and its share of the segments written so far."""
-        written = segments_bytes(self.ledger_dir) if self.ledger_dir.is_dir() else 0
-        return self.reserve + int(written * CLOSE_SHARE)
+        return self.reserve + int(segments_bytes(self.ledger_dir) * CLOSE_SHARE)  # no ledger yet: 0
 
     def short(self) -> str | None:
         """Return why the soak must stop submitting now (the disk is short of room), or None."""

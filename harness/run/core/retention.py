@@ -60,7 +60,7 @@ def _files(folder: Path) -> list[Path]:
 
 
 def _busy(folder: Path, files: list[Path], now: float) -> bool:
-    if (folder / "ledger").is_dir() and compacting(folder / "ledger"):
+    if compacting(folder / "ledger"):
         return True  # a soak compacting its ledger right now
     return any(now - p.stat().st_mtime < BUSY_S for p in files)
 
