@@ -249,7 +249,8 @@ def bare_kafka(
 
     A producer produces the records from the start, as the consumers consume them (a soak submits
     while its flow runs). The clock runs from the producer's first record to the last batch's
-    offset commit; ``consume_seconds`` from the consumers' first poll.
+    offset commit; ``consume_seconds`` from the consumers' first poll, or from the first record when
+    the consumers polled before the producer started (their idle wait is no consuming).
 
     Raises ``HarnessError`` unless every record left exactly one inbox row, one effect row and one output.
     """
@@ -289,7 +290,7 @@ def bare_kafka(
                     submitted = payload
             crew.stop.set()
             done: dict[str, Any] = crew.collect("done", names, deadline)
-        first = min(f for _, f in done.values())
+        first = max(submitted, min(f for _, f in done.values()))
         inbox, effects, distinct = pg_run(
             endpoints,
             via_proxy,
