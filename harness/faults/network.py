@@ -52,6 +52,8 @@ class ToxicSpec:
     type: ClassVar[str] = ""
     # The toxic's whole-number settings, checked in order and sent as its Toxiproxy attributes.
     settings: ClassVar[tuple[Setting, ...]] = ()
+    # True when data still passes under the toxic, only later or slower: a client keeps working.
+    slows_only: ClassVar[bool] = False
     stream: str = field(default="downstream", kw_only=True)
     toxicity: float = field(default=1.0, kw_only=True)
 
@@ -77,6 +79,7 @@ class Latency(ToxicSpec):
     """Delay every chunk of data by ``ms`` ± ``jitter_ms`` milliseconds."""
 
     type: ClassVar[str] = "latency"
+    slows_only: ClassVar[bool] = True
     settings: ClassVar[tuple[Setting, ...]] = (
         Setting("ms", "latency", "latency ms", "latency is a delay in whole milliseconds, e.g. Latency(ms=200)"),
         Setting("jitter_ms", "jitter", "jitter_ms", "jitter is ± whole milliseconds around the latency; 0 for none"),
@@ -90,6 +93,7 @@ class Bandwidth(ToxicSpec):
     """Limit the connection to ``kb_per_s`` kilobytes per second."""
 
     type: ClassVar[str] = "bandwidth"
+    slows_only: ClassVar[bool] = True
     settings: ClassVar[tuple[Setting, ...]] = (
         Setting("kb_per_s", "rate", "kb_per_s", "give at least 1 KB/s; to stop all data use Timeout(ms=0)", low=1),
     )
@@ -101,6 +105,7 @@ class SlowClose(ToxicSpec):
     """Delay the close of the connection by ``delay_ms`` after the other side closed it."""
 
     type: ClassVar[str] = "slow_close"
+    slows_only: ClassVar[bool] = True
     settings: ClassVar[tuple[Setting, ...]] = (
         Setting("delay_ms", "delay", "delay_ms", "the close delay is in whole milliseconds"),
     )
@@ -134,6 +139,7 @@ class Slicer(ToxicSpec):
     """Cut data into ``avg_size`` ± ``size_variation`` byte pieces, ``delay_us`` microseconds apart."""
 
     type: ClassVar[str] = "slicer"
+    slows_only: ClassVar[bool] = True
     settings: ClassVar[tuple[Setting, ...]] = (
         Setting("avg_size", "average_size", "avg_size", "the average piece is at least 1 byte", low=1),
         Setting("size_variation", "size_variation", "size_variation", "the variation is whole bytes, below avg_size"),

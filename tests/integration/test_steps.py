@@ -18,7 +18,7 @@ from harness.faults import Latency
 from harness.ledger.reader import read_ledger
 from harness.run.core.replay import load_steps, replay
 from harness.run.core.session import run_scenario
-from harness.run.spec.steps import Arm, Heal, Hold, Kill, Open, Start, Submit
+from harness.run.spec.steps import Arm, Heal, Kill, Open, Start, Submit, Wait
 from harness.stack.base import Endpoints
 from tests.support import make_spec
 
@@ -38,8 +38,10 @@ def test_a_run_records_its_steps_and_they_replay_to_the_same_verdict(txchaos_sta
         Start(),
         Arm(Crash("after_db_commit", op_index=2)),
         Submit(3),
-        Hold(Latency(30), "postgres", 0.3),
+        Open(Latency(30), "postgres"),  # a slow network carries the rest of the submissions
         Submit(2),
+        Wait(0.3),
+        Heal(),
     ]
     again = replay(spec, txchaos_stack, steps, runs_root=tmp_path)
     assert again.run_dir != first.run_dir

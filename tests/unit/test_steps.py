@@ -26,6 +26,7 @@ from harness.run.spec.steps import (
     Step,
     Submit,
     Thaw,
+    Wait,
     describe,
     from_record,
     to_record,
@@ -44,6 +45,7 @@ EVERY_KIND = [
     Open(Partition(), "kafka"),
     Hold(ResetPeer(), "activemq_stomp", 0.5),
     Hold(KillBroker("activemq"), hold_s=0.0),
+    Wait(1.5),
     Heal(),
     Kill(1),
     Freeze(1),
@@ -77,6 +79,7 @@ def test_bad_steps_are_refused_naming_the_value_and_the_fix() -> None:
     refused(lambda: Open(Latency(10), "nowhere"), "'nowhere'", "activemq_stomp")
     refused(lambda: Open("latency", "postgres"), "not a fault spec", "Latency(")
     refused(lambda: Hold(Latency(10), "postgres", -1), "hold_s")
+    refused(lambda: Wait(-1), "wait seconds")
     refused(lambda: from_record({"step": "dance"}), "dance", "to_record")
     refused(lambda: from_record({"step": "submit", "cont": 2}), "cont", "to_record")
     refused(lambda: from_record({"step": "open", "fault": {"kind": "Meteor"}}), "Meteor", "harness.faults")
@@ -133,9 +136,9 @@ def _planned(spec: ScenarioSpec, *, late: bool = False, alone: frozenset[int] = 
 
 def test_a_spec_plans_as_start_arm_submit_up_to_each_window_hold_it_then_the_rest() -> None:
     crash = Crash("after_db_commit", op_index=2)
-    window = FaultWindow(Latency(100), after_ops=3, hold_s=0.5, target="postgres")
+    window = FaultWindow(ResetPeer(), after_ops=3, hold_s=0.5, target="postgres")
     spec = replace(PLAN_SPEC, messages=8, crashes=(crash,), faults=(window,))
-    hold = Hold(window.fault, "postgres", 0.5)
+    hold = Hold(ResetPeer(), "postgres", 0.5)
     assert _planned(spec) == [Start(), Arm(crash), Submit(3), hold, Submit(5)]
     # A flow that submits operation 5 alone: idle before and after it.
     assert _planned(spec, alone=frozenset({5})) == [
@@ -151,3 +154,15 @@ def test_a_spec_plans_as_start_arm_submit_up_to_each_window_hold_it_then_the_res
     ]
     # Workers that join late get the first window's backlog before they start.
     assert _planned(spec, late=True) == [Arm(crash), Submit(3), Start(), hold, Submit(5)]
+
+
+def test_a_window_that_only_slows_carries_the_submissions_up_to_the_next_window() -> None:
+    """Operations are in flight under a slow network however fast the flow drained the ones before;
+    a window that cuts still holds the submissions until it is healed."""
+    slow = FaultWindow(Latency(100), after_ops=2, hold_s=0.5, target="activemq_stomp")
+    cut = FaultWindow(ResetPeer(), after_ops=6, hold_s=0.3, target="postgres")
+    spec = replace(PLAN_SPEC, messages=9, faults=(cut, slow))
+    opened = [Open(Latency(100), "activemq_stomp"), Submit(4), Wait(0.5), Heal()]
+    assert _planned(spec) == [Start(), Submit(2), *opened, Hold(ResetPeer(), "postgres", 0.3), Submit(3)]
+    last = replace(PLAN_SPEC, messages=5, faults=(slow,))
+    assert _planned(last) == [Start(), Submit(2), Open(Latency(100), "activemq_stomp"), Submit(3), Wait(0.5), Heal()]

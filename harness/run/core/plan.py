@@ -1,8 +1,13 @@
 """A spec as steps: what ``RunSession.drive`` applies, one step at a time.
 
 Start the workers, arm the spec's crashes, submit up to each fault window and hold it, submit the
-rest. Submissions are drawn lazily: each counts what the steps before it sent (``submitted``), so
-an operation a flow must submit alone (a saga a crash names) goes alone, idle before and after.
+rest. A fault that only slows the network (``slows_only``: latency, bandwidth, slicing, a slow
+close) carries the submissions up to the next window while it is open, so operations are in
+flight under it however fast the flow drained the ones before (``Open``, ``Submit``, ``Wait``,
+``Heal``); one that cuts (a reset, a timeout, a partition, a broker kill) is held with the
+submissions waiting until it is healed. Submissions are drawn lazily: each counts what the steps
+before it sent (``submitted``), so an operation a flow must submit alone (a saga a crash names)
+goes alone, idle before and after.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from harness.run.spec.scenario import ScenarioSpec
-from harness.run.spec.steps import Arm, Hold, Idle, Start, Step, Submit
+from harness.run.spec.steps import Arm, Heal, Hold, Idle, Open, Start, Step, Submit, Wait
 
 
 def plan(spec: ScenarioSpec, *, late: bool, alone: set[int], submitted: Callable[[], int]) -> Iterator[Step]:
@@ -24,9 +29,16 @@ def plan(spec: ScenarioSpec, *, late: bool, alone: set[int], submitted: Callable
         # A backlog before the group joins: its polled batches are the same on every run of a seed.
         yield from submissions(min([w.after_ops for w in windows] or [spec.messages]), alone, submitted)
         yield Start()
-    for window in windows:
+    for i, window in enumerate(windows):
         yield from submissions(window.after_ops, alone, submitted)
-        yield Hold(window.fault, window.target, window.hold_s)
+        if getattr(window.fault, "slows_only", False):
+            following = windows[i + 1].after_ops if i + 1 < len(windows) else spec.messages
+            yield Open(window.fault, window.target)
+            yield from submissions(following, alone, submitted)
+            yield Wait(window.hold_s)
+            yield Heal()
+        else:
+            yield Hold(window.fault, window.target, window.hold_s)
     yield from submissions(spec.messages, alone, submitted)
 
 

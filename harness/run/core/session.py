@@ -43,7 +43,7 @@ from harness.run.spec.handlers import check_handlers
 from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
-from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw
+from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw, Wait
 from harness.stack.base import Endpoints
 from harness.stack.hold import StackHold
 from harness.stack.procs import free_ports
@@ -262,6 +262,8 @@ class RunSession:
                 self._faults.enter_context(self._under_fault(fault, target))
             case Hold(fault=fault, target=target, hold_s=hold_s):
                 self._hold(fault, target, hold_s)
+            case Wait(seconds=seconds):
+                time.sleep(seconds)
             case Heal():
                 self._faults.close()
                 self._faults = ExitStack()

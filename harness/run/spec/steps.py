@@ -1,8 +1,9 @@
 """Steps as data: the small vocabulary every driver of a run speaks.
 
 A run is driven by steps: ``Start`` the flow's processes, ``Submit`` operations, ``Arm`` a crash
-point or wire trap, ``Open`` a fault (kept until ``Heal``) or ``Hold`` one for a while, ``Kill`` an
-instance or ``Freeze`` it until healed, ``Thaw`` frozen ones, wait until the flow is ``Idle``.
+point or wire trap, ``Open`` a fault (kept until ``Heal``) or ``Hold`` one for a while, ``Wait``
+while the flow runs, ``Kill`` an instance or ``Freeze`` it until healed, ``Thaw`` frozen ones,
+wait until the flow is ``Idle``.
 ``RunSession.apply`` applies one; ``drive`` turns a spec into them, the state machines emit them,
 and a soak's fault schedule is a generator of them. Each applied step is a line of the run folder's ``steps.jsonl``
 (``to_record``), from which ``harness.run.core.replay`` runs the same steps again, no Hypothesis
@@ -99,6 +100,16 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """Let the flow run for ``seconds`` (under whatever ``Open`` applied), then go on."""
+
+    seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_seconds("wait seconds", self.seconds, 0, 600)
+
+
+@dataclass(frozen=True)
 class Heal:
     """Heal every fault ``Open`` applied, in reverse order."""
 
@@ -137,13 +148,14 @@ class Idle:
     """Wait until the operations submitted so far are done (the flow's own idea of done)."""
 
 
-Step = Start | Submit | Arm | Open | Hold | Heal | Kill | Freeze | Thaw | Idle
+Step = Start | Submit | Arm | Open | Hold | Wait | Heal | Kill | Freeze | Thaw | Idle
 VOCABULARY: dict[str, type[Step]] = {
     "start": Start,
     "submit": Submit,
     "arm": Arm,
     "open": Open,
     "hold": Hold,
+    "wait": Wait,
     "heal": Heal,
     "kill": Kill,
     "freeze": Freeze,
@@ -206,6 +218,8 @@ def describe(step: Step) -> str:
             return f"open {fault!r}{f' on {target}' if target else ''}"
         case Hold(fault=fault, target=target, hold_s=hold_s):
             return f"hold {fault!r}{f' on {target}' if target else ''} for {hold_s}s"
+        case Wait(seconds=seconds):
+            return f"wait {seconds}s"
         case Kill(instance=instance):
             return f"kill instance {instance}"
         case Freeze(instance=instance):
