@@ -142,6 +142,38 @@ class StompClient:
             self._conn.unsubscribe(id=sub_id)
         self._subs.pop(sub_id, None)
 
+    def held(self, names: list[str], *, timeout: float = 5.0) -> int:
+        """Return how many messages the queues ``names`` hold now, delivered to a consumer or not.
+
+        A queue browser (``browser: true``): the broker sends each message it holds, then one marked
+        ``browser: end``; nothing is consumed. Measured on the local stack: about 1 ms for an empty
+        queue, where waiting to see that nothing arrives takes as long as the wait. Raises
+        ``HarnessError`` when a browse does not end within ``timeout`` seconds.
+        """
+        ended: set[str] = set()
+        count = 0
+        deadline = time.monotonic() + timeout
+        subs = []
+        for name in names:
+            sub_id = f"browse-{next(self._ids)}"
+            with self._frame(f"SUBSCRIBE {name} (browser)"):
+                self._conn.subscribe(queue_dest(name), id=sub_id, ack="auto", headers={"browser": "true"})
+            subs.append(sub_id)
+        try:
+            while len(ended) < len(subs):
+                msg = self.receive(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise HarnessError(f"browsing {', '.join(names)} did not end within {timeout}s")
+                if msg.headers.get("browser") == "end":
+                    ended.add(msg.subscription)
+                else:
+                    count += 1
+        finally:
+            for sub_id in subs:
+                with contextlib.suppress(HarnessError):  # a browse that ended may be gone already
+                    self.unsubscribe(sub_id)
+        return count
+
     def receive(self, timeout: float) -> Message | None:
         """Return the next message, or None after ``timeout`` seconds."""
         self._raise_if_broken()

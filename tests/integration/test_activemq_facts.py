@@ -278,3 +278,19 @@ def test_the_sinks_cumulative_acks_record_each_message_once_across_a_reconnect(t
     with _client(txchaos_stack) as client:  # one cumulative ACK took all 31
         client.subscribe(q, ack="client", prefetch=PREFETCH)
         assert client.receive(1.5) is None, "the cumulative ACK left a message unacked"
+
+
+def test_a_browse_counts_every_message_a_queue_holds_and_consumes_none(txchaos_stack: Endpoints) -> None:
+    """What the residue book relies on to skip its wait: a held message counts, in flight or not."""
+    q, empty = _queue(), _queue()
+    with _client(txchaos_stack) as producer, _client(txchaos_stack) as browser:
+        for body in ("a", "b", "c"):
+            producer.send(q, body)
+        with _client(txchaos_stack) as consumer:
+            consumer.subscribe(q, prefetch=1)
+            assert consumer.receive(5) is not None  # in flight to a consumer, not acked
+            assert browser.held([q]) == 3
+            assert browser.held([q, empty]) == 3
+            assert browser.held([empty]) == 0
+        taken = [_one(browser, q) for _ in range(3)]
+        assert sorted(m.body for m in taken if m is not None) == ["a", "b", "c"]
