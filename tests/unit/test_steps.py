@@ -122,14 +122,17 @@ def test_txchaos_replay_refuses_a_folder_without_steps_before_any_service_starts
 PLAN_SPEC = ScenarioSpec(name="synth", variant="v", handler="mod:func", schema="s", effect_table="t")
 
 
-def _planned(spec: ScenarioSpec, *, late: bool = False, alone: frozenset[int] = frozenset()) -> list[Step]:
+def _planned(
+    spec: ScenarioSpec, *, late: bool = False, alone: frozenset[int] = frozenset(), via: frozenset[str] | None = None
+) -> list[Step]:
     """The steps ``plan`` yields for ``spec``, each Submit counted as sent before the next is drawn."""
     steps: list[Step] = []
 
     def sent() -> int:
         return sum(s.count for s in steps if isinstance(s, Submit))
 
-    for step in plan(spec, late=late, alone=set(alone), submitted=sent):
+    kwargs = {} if via is None else {"submits_via": via}
+    for step in plan(spec, late=late, alone=set(alone), submitted=sent, **kwargs):
         steps.append(step)
     return steps
 
@@ -166,3 +169,16 @@ def test_a_window_that_only_slows_carries_the_submissions_up_to_the_next_window(
     assert _planned(spec) == [Start(), Submit(2), *opened, Hold(ResetPeer(), "postgres", 0.3), Submit(3)]
     last = replace(PLAN_SPEC, messages=5, faults=(slow,))
     assert _planned(last) == [Start(), Submit(2), Open(Latency(100), "activemq_stomp"), Submit(3), Wait(0.5), Heal()]
+
+
+def test_a_window_that_cuts_a_proxy_the_submissions_do_not_pass_carries_them_too() -> None:
+    stomp = frozenset({"activemq_stomp"})
+    for fault, target in ((ResetPeer(), "postgres"), (Partition(), "postgres")):
+        spec = replace(PLAN_SPEC, messages=4, faults=(FaultWindow(fault, after_ops=1, hold_s=0.5, target=target),))
+        assert _planned(spec, via=stomp) == [Start(), Submit(1), Open(fault, target), Submit(3), Wait(0.5), Heal()]
+    # The submissions' own proxy cut, or the broker killed: they wait until it is healed.
+    dtm = frozenset({"dtm", "postgres"})  # a DTM transfer asks both at once
+    for fault, target in ((ResetPeer(), "activemq_stomp"), (KillBroker("activemq"), None), (ResetPeer(), "postgres")):
+        via = dtm if target == "postgres" else stomp
+        spec = replace(PLAN_SPEC, messages=4, faults=(FaultWindow(fault, after_ops=1, hold_s=0.5, target=target),))
+        assert _planned(spec, via=via) == [Start(), Submit(1), Hold(fault, target, 0.5), Submit(3)]

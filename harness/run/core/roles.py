@@ -66,6 +66,9 @@ class Topology(Protocol):
 
     # drive() submits the operations before the first fault window before the workers join.
     late_workers: ClassVar[bool]
+    # The proxies the driver's submissions pass through: a fault window that cuts one of them holds
+    # the submissions until it is healed; under any other the submissions go on (``core/plan.py``).
+    submits_via: ClassVar[frozenset[str]]
     group: str  # the consumer group of a flow (or a service) that has one
 
     def provision(self) -> None: ...

@@ -236,7 +236,8 @@ class RunSession:
         try:
             late = self.topology.late_workers and self.processes.may_join_late
             alone = self.workload.alone()
-            for step in plan(self.spec, late=late, alone=alone, submitted=lambda: len(self.ops)):
+            via = self.topology.submits_via
+            for step in plan(self.spec, late=late, alone=alone, submitted=lambda: len(self.ops), submits_via=via):
                 self.apply(step)
             return self.close()
         finally:

@@ -42,6 +42,7 @@ class Queues(SinkTopology):
     """The topology of a chain of queue stages: ``<ns>.in``, a queue per further stage, ``<ns>.out``."""
 
     late_workers: ClassVar[bool] = False
+    submits_via: ClassVar[frozenset[str]] = frozenset({"activemq_stomp"})
 
     def __init__(self, session: SessionView) -> None:
         self.session = session

@@ -86,6 +86,9 @@ class DtmService:
     """
 
     late_workers: ClassVar[bool] = False
+    # A transfer is asked of the service on its own port, which at once asks DTM and Postgres: no
+    # broker holds it meanwhile, so a cut of either fails the transfers it meets at their start.
+    submits_via: ClassVar[frozenset[str]] = frozenset({"dtm", "postgres"})
 
     def __init__(self, session: SessionView) -> None:
         # DTM calls the service and the branch on 127.0.0.1: both providers run it on the host's

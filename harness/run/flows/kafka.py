@@ -40,6 +40,7 @@ class Topics(SinkTopology):
     """The topology of one consumer-group stage: its input, output and dead-letter topics and its group."""
 
     late_workers: ClassVar[bool] = True
+    submits_via: ClassVar[frozenset[str]] = frozenset({"kafka"})
 
     def __init__(self, session: SessionView) -> None:
         self.session = session

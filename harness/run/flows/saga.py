@@ -63,6 +63,7 @@ class SagaTopics:
     """The topology of a saga run: the orchestrator's inbox, the participants' request topics, their groups."""
 
     late_workers: ClassVar[bool] = False
+    submits_via: ClassVar[frozenset[str]] = frozenset({"kafka"})
 
     def __init__(self, session: SessionView) -> None:
         self.session = session

@@ -72,10 +72,11 @@ class FaultWindow:
     ``fault`` is a fault spec from ``harness.faults``: a toxic (``Latency(150)``, ``ResetPeer()``
     ...) or ``Partition()`` on the proxy ``target``, or ``KillBroker("activemq")`` (no target:
     the broker is killed with -9 and restarted on its data when the window heals). The flow keeps
-    running under the fault. Under one that only slows (``Latency``, ``Bandwidth``, ``Slicer``,
-    ``SlowClose``) the submissions go on up to the next window's ``after_ops`` (or the last), so
-    operations are in flight while it is open; under one that cuts, the submissions after
-    ``after_ops`` wait until it is healed.
+    running under the fault. Where the submissions can pass it (a fault that only slows:
+    ``Latency``, ``Bandwidth``, ``Slicer``, ``SlowClose``; or one on a proxy they do not pass, such
+    as Postgres under an ActiveMQ flow) they go on up to the next window's ``after_ops`` (or the
+    last), so operations are in flight while it is open; where it cuts their way (the broker's
+    proxy reset or partitioned, the broker killed), they wait until it is healed.
     """
 
     fault: object
