@@ -7,9 +7,8 @@ operations are in flight under it however fast the flow drained the ones before 
 bandwidth, slicing, a slow close), or one on a proxy the submissions do not pass
 (``submits_via``: a reset of Postgres under an ActiveMQ flow). One that cuts their way (a reset
 or a partition of the broker's proxy, a broker kill) is held, the submissions waiting until it is
-healed. Submissions are drawn lazily: each counts what the steps
-before it sent (``submitted``), so an operation a flow must submit alone (a saga a crash names)
-goes alone, idle before and after.
+healed. Submissions are drawn lazily: each counts what the steps before it sent (``submitted``),
+so an operation a flow must submit alone (a saga a crash names) goes alone, idle before and after.
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ NETWORK_TARGETS = tuple(p.proxy for p in PROTOCOLS)
 
 @dataclass(frozen=True)
 class FaultWindow:
-    """Apply ``fault`` once ``after_ops`` operations are submitted; heal it ``hold_s`` later.
+    """Apply ``fault`` once ``after_ops`` operations are submitted; heal it ``hold_s`` later (after
+    the submissions it carries, when it carries them: below).
 
     ``fault`` is a fault spec from ``harness.faults``: a toxic (``Latency(150)``, ``ResetPeer()``
     ...) or ``Partition()`` on the proxy ``target``, or ``KillBroker("activemq")`` (no target:
