@@ -150,6 +150,9 @@ class StompClient:
         queue, where waiting to see that nothing arrives takes as long as the wait. Raises
         ``HarnessError`` when a browse does not end within ``timeout`` seconds.
         """
+        if self._subs:  # their messages share the inbox the browse reads
+            subscribed = sorted(self._subs.values())
+            raise HarnessError(f"browse on a client subscribed to {subscribed}: use a client of its own")
         ended: set[str] = set()
         count = 0
         deadline = time.monotonic() + timeout
