@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         "--clients",
         choices=("raw", "libraries"),
         default="raw",
-        help="raw: a socket STOMP client and psycopg (the limit); libraries: the stage's own, stomp.py and SQLAlchemy",
+        help="raw: a socket STOMP client and psycopg (the limit); libraries: the stage's StompClient and SQLAlchemy",
     )
     kafka = flows.add_parser("kafka", help="inbox-offset batch consumers")
     kafka.add_argument("--messages", type=int, default=200000, help="records produced while consumed")

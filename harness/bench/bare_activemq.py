@@ -10,22 +10,19 @@ RECEIPT. Every frame is its own write on a TCP_NODELAY socket, as the stage writ
 leaves out is the harness: no ledger, no crash points, no supervisor, no SQLAlchemy, and no
 heart-beats (the stage's 1 s beats are not per-message work).
 
-The STOMP client is a raw socket, not stomp.py. Measured with both (2,000 messages, 4 workers,
-through Toxiproxy, two runs each, other work on the 2 cores at load 5-7): the workers' CPU was
-0.57 ms a message raw against 0.88 ms with stomp.py (the harness's ``StompClient``), the
-throughput the same within the noise (420-570 against 450-550 ops/s). So stomp.py's per-frame
-overhead does not dominate the wall time (the broker's and Postgres's commits do), but it takes
-half as much CPU again, which on two cores the broker, Postgres and Toxiproxy would otherwise
-have: stomp.py hands every frame from its receiver thread to the worker through a listener and
-a queue, and a RECEIPT through an event, while the raw client reads on the worker's own thread.
-A limit should not pay for that.
+The STOMP client is the smallest one that works: a raw socket read on the worker's own thread, its
+frames built and split by hand. The harness's ``StompClient`` reads on the caller's thread too
+(since 2026-11-29), but stomp.py parses its frames and unescapes their headers, and it sends
+heart-beats from a thread of its own. Before that, it was stomp.py's ``Connection``, which hands
+every frame from a receiver thread to the worker through a queue or an event: measured on the
+soak pairs' stack (10,000 messages, 4 workers, 2 cores), the workers' CPU was 20.1-20.8 s on it
+against 11.4-12.9 s raw, CPU the broker, Postgres and Toxiproxy would otherwise have.
 
 ``clients="libraries"`` runs the same loop on the clients the stage itself is built on: the
-harness's ``StompClient`` (stomp.py, a receiver thread handing each frame to the worker) and a
-SQLAlchemy ``Connection`` with the statements built once (``text()``), as the built-in handlers
-run them. Between the two loops lies what those libraries cost; between the libraries' loop and a
-soak lies what the harness itself adds (ledger, crash points, supervision, the driver). The soak
-benchmark runs both beside each soak.
+harness's ``StompClient`` and a SQLAlchemy ``Connection`` with the statements built once
+(``text()``), as the built-in handlers run them. Between the two loops lies what those clients
+cost; between the libraries' loop and a soak lies what the harness itself adds (ledger, crash
+points, supervision, the driver). The soak benchmark runs both beside each soak.
 
 Frame headers are passed through as the broker wrote them: STOMP 1.2 escapes ``:`` in header
 values (``message-id:ID\\c...``), and the ``ack`` id goes back in the ACK escaped the same way, so
@@ -233,7 +230,7 @@ def _stage(hand: Hand, job: _Job) -> None:
 
 
 def _stage_on_libraries(hand: Hand, job: _Job) -> None:
-    """One worker on the stage's own clients: stomp.py (``StompClient``) and a SQLAlchemy connection."""
+    """One worker on the stage's own clients: the harness's ``StompClient`` and a SQLAlchemy connection."""
     engine = db.engine("postgresql+psycopg://", pool_size=1, creator=lambda: pg_connect(job.endpoints, job.via_proxy))
     conn = engine.connect()
     stomp = StompClient(*address(job.endpoints.stomp, job.via_proxy), client_id=f"bare-{hand.name}")

@@ -218,7 +218,7 @@ def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) 
     239-276 ops/s run to run on one stack), so a single ratio says little; interleaving puts each
     soak beside the bare loop measured right before it, on the stack as it is then.
 
-    For ActiveMQ each pair also runs the bare loop on the stage's own clients (stomp.py and
+    For ActiveMQ each pair also runs the bare loop on the stage's own clients (``StompClient`` and
     SQLAlchemy, ``bare_activemq(clients="libraries")``): the soak against it is what the harness
     itself adds, the libraries' loop against the limit what those clients cost.
     """
@@ -235,7 +235,7 @@ def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) 
             libs = _bare(flow, ops, workers, endpoints, clients="libraries")
             share = f"{libs.ops_per_s / got.ops_per_s:.0%} of the limit"
             rows.append(
-                _bare_row(f"{name}, on stomp.py and SQLAlchemy", libs, f"pair {n}: the stage's clients, {share}")
+                _bare_row(f"{name}, on StompClient and SQLAlchemy", libs, f"pair {n}: the stage's clients, {share}")
             )
         s = _soak(index, ops, workers, endpoints)
         ratios.append(s["stats"]["ops_per_s"] / got.ops_per_s)
@@ -251,7 +251,7 @@ def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) 
         spread = f"{min(own):.0%}-{max(own):.0%}"
         rows.append(
             [
-                f"**{case.label}: soak / the loop on stomp.py and SQLAlchemy**",
+                f"**{case.label}: soak / the loop on StompClient and SQLAlchemy**",
                 *["-"] * 8,
                 f"median {statistics.median(own):.0%} (range {spread}): what the harness itself adds",
             ]
