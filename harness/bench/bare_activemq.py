@@ -43,7 +43,7 @@ from sqlalchemy import text
 
 from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients import db
-from harness.clients.activemq import Message, StompClient
+from harness.clients.activemq import Message, StompClient, take_frame
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -87,30 +87,16 @@ class RawStomp:
         self.sock.sendall(encode(command, headers, body))
 
     def _parse(self) -> Frame | None:
-        buf = self._buf
-        skip = len(buf) - len(buf.lstrip(b"\r\n"))  # heart-beats and the EOLs STOMP allows between frames
-        if skip:
-            del buf[:skip]
-        end = buf.find(b"\n\n")
-        if end < 0:
+        taken = take_frame(self._buf)
+        if taken is None:
             return None
-        lines = buf[:end].decode().split("\n")
+        raw, end = taken
+        lines = raw[:end].decode().split("\n")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             key, _, value = line.partition(":")
             headers.setdefault(key, value)  # STOMP 1.2: the first of repeated headers counts
-        start = end + 2
-        if "content-length" in headers:
-            stop = start + int(headers["content-length"])
-            if len(buf) <= stop:
-                return None
-        else:
-            stop = buf.find(b"\0", start)
-            if stop < 0:
-                return None
-        frame = Frame(lines[0], headers, bytes(buf[start:stop]))
-        del buf[: stop + 1]
-        return frame
+        return Frame(lines[0], headers, raw[end + 2 :])
 
     def _read(self, timeout: float) -> Frame | None:
         """Return the next frame off the wire, or None after ``timeout`` seconds; raise on ERROR."""

@@ -89,6 +89,32 @@ def encode(command: str, headers: dict[str, str], body: bytes = b"") -> bytes:
     return f"{command}\n{head}\n".encode() + body + b"\0"
 
 
+def take_frame(buf: bytearray) -> tuple[bytes, int] | None:
+    """Take the next whole frame off ``buf``: its bytes (the NUL dropped) and where its headers end;
+    None while it is not all there. The heart-beats and EOLs STOMP allows between frames go first.
+
+    A frame with a ``content-length`` ends after that many bytes of body (which may hold NULs);
+    one without ends at the first NUL.
+    """
+    skip = len(buf) - len(buf.lstrip(b"\r\n"))
+    if skip:
+        del buf[:skip]
+    end = buf.find(b"\n\n")
+    if end < 0:
+        return None
+    length = None
+    for line in bytes(buf[:end]).split(b"\n")[1:]:
+        if line.startswith(b"content-length:"):
+            length = int(line[15:].strip())
+            break
+    stop = buf.find(b"\0", end + 2) if length is None else end + 2 + length
+    if stop < 0 or len(buf) <= stop:
+        return None
+    frame = bytes(buf[:stop])
+    del buf[: stop + 1]
+    return frame, end
+
+
 class _Wire:
     """One STOMP socket: frames written under a lock (the heart-beat thread writes too), read on the
     caller's thread. Raises ``HarnessError`` when the connection ends or falls silent."""
@@ -115,32 +141,6 @@ class _Wire:
                 raise HarnessError(f"STOMP write to {self.where} failed: {exc!r}") from exc
             self.last_sent = time.monotonic()
 
-    def _frame(self) -> bytes | None:
-        """Take the next whole frame off the buffer (its bytes, NUL dropped), or None."""
-        buf = self._buf
-        skip = len(buf) - len(buf.lstrip(b"\r\n"))  # heart-beats and the EOLs STOMP allows between frames
-        if skip:
-            del buf[:skip]
-        end = buf.find(b"\n\n")
-        if end < 0:
-            return None
-        length = None
-        for line in bytes(buf[:end]).split(b"\n")[1:]:
-            if line.startswith(b"content-length:"):
-                length = int(line[15:].strip())
-                break
-        if length is not None:
-            stop = end + 2 + length
-            if len(buf) <= stop:
-                return None
-        else:
-            stop = buf.find(b"\0", end + 2)
-            if stop < 0:
-                return None
-        frame = bytes(buf[:stop])
-        del buf[: stop + 1]
-        return frame
-
     def read(self, timeout: float) -> tuple[str, dict[str, str], bytes] | None:
         """Return the next frame (command, headers unescaped, body), or None after ``timeout`` seconds.
 
@@ -148,7 +148,7 @@ class _Wire:
         reads what the broker sent meanwhile.
         """
         deadline = time.monotonic() + timeout
-        while (raw := self._frame()) is None:
+        while (taken := take_frame(self._buf)) is None:
             wait = max(0.001, deadline - time.monotonic())
             try:
                 self.sock.settimeout(min(wait, self.silence_s) if self.silence_s else wait)
@@ -168,7 +168,7 @@ class _Wire:
                 raise HarnessError(f"STOMP connection to {self.where} lost: closed by the broker")
             self.last_read = time.monotonic()
             self._buf += chunk
-        frame = parse_frame(raw)
+        frame = parse_frame(taken[0])
         return (frame.cmd, dict(frame.headers), frame.body) if frame is not None else ("", {}, b"")
 
     def close(self) -> None:
