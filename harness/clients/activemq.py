@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import select
 import socket
 import threading
 import time
@@ -125,6 +126,11 @@ class _Wire:
         # Nagle off: a small frame would wait for the peer's delayed ACK (~40 ms a message through
         # Toxiproxy). The broker side already sets transport.tcpNoDelay.
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Blocking writes, as stomp.py's: a socket timeout would apply to sendall too, so reads
+        # wait in poll() instead, and a frame is never cut off by a read's timeout.
+        self.sock.settimeout(None)
+        self._readable = select.poll()
+        self._readable.register(self.sock, select.POLLIN)
         self._buf = bytearray()
         self._lock = threading.Lock()
         self.last_sent = self.last_read = time.monotonic()
@@ -150,18 +156,17 @@ class _Wire:
         deadline = time.monotonic() + timeout
         while (taken := take_frame(self._buf)) is None:
             wait = max(0.001, deadline - time.monotonic())
-            try:
-                self.sock.settimeout(min(wait, self.silence_s) if self.silence_s else wait)
-                chunk = self.sock.recv(_READ_BYTES)
-            except TimeoutError:
+            if not self._readable.poll(1000 * (min(wait, self.silence_s) if self.silence_s else wait)):
                 now = time.monotonic()
                 if self.silence_s and now - self.last_read > self.silence_s:
                     raise HarnessError(
                         f"STOMP connection to {self.where} lost: nothing from the broker for {self.silence_s:.1f}s"
-                    ) from None
+                    )
                 if now >= deadline:
                     return None
                 continue
+            try:
+                chunk = self.sock.recv(_READ_BYTES)
             except OSError as exc:
                 raise HarnessError(f"STOMP connection to {self.where} lost: {exc!r}") from exc
             if not chunk:

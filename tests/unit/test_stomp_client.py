@@ -3,8 +3,9 @@ the broker's behaviour is tests/integration/test_activemq_facts.py's).
 
 What is proven: frames cut anywhere by TCP come out whole; a body holding NUL bytes is kept by its
 content-length; header values are escaped going out and unescaped coming in; a RECEIPT wait keeps the
-MESSAGEs that arrive before it; a caller busy elsewhere keeps its connection (beats are sent for it and
-the broker's beats read later are not silence); a broker that falls silent, or closes, is reported.
+MESSAGEs that arrive before it; a write is not cut off by the last read's wait; a caller busy
+elsewhere keeps its connection (beats are sent for it and the broker's beats read later are not
+silence); a broker that falls silent, or closes, is reported.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ Script = Callable[[socket.socket, bytes], None]  # the peer's side after it read
 
 
 def _read_frame(conn: socket.socket) -> bytes:
-    data = b""
-    while b"\0" not in data:
-        chunk = conn.recv(4096)
-        if not chunk:
-            return data
+    data = bytearray()
+    while True:
+        chunk = conn.recv(1 << 20)
         data += chunk
-    return data
+        if not chunk or b"\0" in chunk:
+            return bytes(data)
 
 
 @pytest.fixture
@@ -119,6 +119,23 @@ def test_a_receipt_wait_keeps_the_messages_that_come_before_it(peer) -> None:  #
     held = client.receive(0)
     assert held is not None
     assert held.body == "early"
+
+
+def test_a_write_waits_for_a_slow_reader_whatever_the_last_read_waited(peer) -> None:  # type: ignore[no-untyped-def]
+    got: list[int] = []
+
+    def script(conn: socket.socket, _: bytes) -> None:
+        time.sleep(0.5)  # reads nothing meanwhile: the client's send fills the socket buffers
+        got.append(len(_read_frame(conn)))
+
+    client = peer(script)
+    assert client.receive(0.01) is None  # a read that waited 10 ms
+    client.send("q", "x" * 8_000_000)  # blocks until the peer reads, as it would for a slow broker
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got
+    assert got[0] > 8_000_000
 
 
 def test_an_error_frame_is_raised_with_what_the_broker_said(peer) -> None:  # type: ignore[no-untyped-def]
