@@ -7,13 +7,13 @@ in the ledger means the broker said so.
 
 Frames are read on the caller's thread. stomp.py's ``Connection`` reads them on a receiver thread
 and hands each MESSAGE and RECEIPT to the caller through a queue or an event: two thread
-wake-ups a received frame, which measured 0.8 ms of CPU a message more than a client reading on
-its own thread (``txchaos bench soak``'s loop on the stage's clients, 4 workers on 2 cores, where
-that CPU is the broker's). stomp.py still parses every frame (``parse_frame``: header unescaping)
-and computes the heart-beats both sides agreed on; what it has no mode for, a read on the
-caller's thread, is the ``_Wire`` below. A heart-beat thread sends the agreed beats while the
-caller is busy elsewhere (a handler in its transaction), as stomp.py's does, so a frozen
-process is still dropped by the broker and a busy one is not.
+wake-ups a received frame. Reading on the caller's thread took 0.55 ms less worker CPU a message
+in the soak pairs' loop on the stage's clients (4 workers on 2 cores, where that CPU is the
+broker's; docs/benchmarks.md). stomp.py still parses every frame (``parse_frame``: header
+unescaping) and computes the heart-beats both sides agreed on. It has no mode that reads on the
+caller's thread, so that part is the ``_Wire`` below. A heart-beat thread sends the agreed beats
+while the caller is busy elsewhere (a handler in its transaction), as stomp.py's does, so a
+frozen process is still dropped by the broker and a busy one is not.
 """
 
 from __future__ import annotations
