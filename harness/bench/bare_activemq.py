@@ -43,7 +43,7 @@ from sqlalchemy import text
 
 from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients import db
-from harness.clients.activemq import Message, StompClient, take_frame
+from harness.clients.activemq import Message, StompClient, encode, take_frame
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -61,14 +61,6 @@ class Frame:
     body: bytes
 
 
-def encode(command: str, headers: dict[str, str], body: bytes = b"") -> bytes:
-    """Return the bytes of one frame (header values must need no escaping, or be escaped already)."""
-    if body:
-        headers = {**headers, "content-length": str(len(body))}
-    head = "".join(f"{k}:{v}\n" for k, v in headers.items())
-    return f"{command}\n{head}\n".encode() + body + b"\0"
-
-
 class RawStomp:
     """One STOMP 1.2 connection on a blocking socket, read and written on the caller's thread."""
 
@@ -84,7 +76,7 @@ class RawStomp:
             raise HarnessError(f"STOMP connect to {self.where} answered {frame!r}")
 
     def write(self, command: str, headers: dict[str, str], body: bytes = b"") -> None:
-        self.sock.sendall(encode(command, headers, body))
+        self.sock.sendall(encode(command, headers, body, escape=False))  # values passed through as received
 
     def _parse(self) -> Frame | None:
         taken = take_frame(self._buf)

@@ -81,11 +81,15 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c").replace("\r", "\\r")
 
 
-def encode(command: str, headers: dict[str, str], body: bytes = b"") -> bytes:
-    """Return the bytes of one frame; a body gets its ``content-length``."""
+def encode(command: str, headers: dict[str, str], body: bytes = b"", *, escape: bool = True) -> bytes:
+    """Return the bytes of one frame; a body gets its ``content-length``.
+
+    ``escape=False`` writes header values as given: values that need no escaping, or that are still
+    escaped as the broker sent them (an ``ack`` id passed straight back).
+    """
     if body:
         headers = {**headers, "content-length": str(len(body))}
-    plain = command in ("CONNECT", "STOMP")  # CONNECT's headers are not escaped (STOMP 1.2)
+    plain = not escape or command in ("CONNECT", "STOMP")  # CONNECT's headers are not escaped (STOMP 1.2)
     head = "".join(f"{k}:{v if plain else _escape(v)}\n" for k, v in headers.items())
     return f"{command}\n{head}\n".encode() + body + b"\0"
 
@@ -173,8 +177,8 @@ class _Wire:
                 raise HarnessError(f"STOMP connection to {self.where} lost: closed by the broker")
             self.last_read = time.monotonic()
             self._buf += chunk
-        frame = parse_frame(taken[0])
-        return (frame.cmd, dict(frame.headers), frame.body) if frame is not None else ("", {}, b"")
+        frame = parse_frame(taken[0])  # never None: take_frame leaves no leading EOL
+        return frame.cmd, dict(frame.headers), frame.body
 
     def close(self) -> None:
         with self._lock:
@@ -347,14 +351,17 @@ class StompClient:
             # a RECEIPT nobody waits for any more (its wait timed out): skip it
 
     def ack(self, msg: Message, *, transaction: str | None = None) -> None:
-        self._write("ACK", "ACK", {"id": msg.ack_id, **({"transaction": transaction} if transaction else {})})
+        self._settle("ACK", msg, transaction)
 
     def nack(self, msg: Message, *, transaction: str | None = None) -> None:
         """NACK ``msg``; outside any transaction, as the broker answers a transacted NACK with ERROR.
 
         ``transaction`` exists only so tests can prove that rejection (tests/integration/test_activemq_facts.py).
         """
-        self._write("NACK", "NACK", {"id": msg.ack_id, **({"transaction": transaction} if transaction else {})})
+        self._settle("NACK", msg, transaction)
+
+    def _settle(self, command: str, msg: Message, transaction: str | None) -> None:
+        self._write(command, command, {"id": msg.ack_id, **({"transaction": transaction} if transaction else {})})
 
     # -- producing and transactions ----------------------------------------------------------
     def send(
