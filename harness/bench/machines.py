@@ -15,11 +15,11 @@ import time
 from typing import Any
 
 from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
 from harness.bench.report import bench_parser, table, write_section
 from harness.machines.profiles import profile
+from harness.machines.search import find_counterexample
 from harness.machines.targets import TARGETS, Target
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
@@ -32,11 +32,7 @@ console = Console(emoji=False, soft_wrap=True)
 def _timed_run(machine: Any, examples: int) -> tuple[str, float]:
     """Run ``machine`` for up to ``examples`` examples; return the failure's text ("" if none) and the seconds taken."""
     started = time.monotonic()
-    error = ""
-    try:
-        run_state_machine_as_test(machine, settings=settings(profile(), max_examples=examples, database=None))
-    except AssertionError as exc:
-        error = str(exc)
+    error = find_counterexample(machine, settings(profile(), max_examples=examples, database=None))
     return error, time.monotonic() - started
 
 

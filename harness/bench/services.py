@@ -35,7 +35,6 @@ from pathlib import Path
 from types import ModuleType
 
 from hypothesis import Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 from rich.console import Console
 
 from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
@@ -44,6 +43,7 @@ from harness.errors import ConfigError
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
 from harness.machines.profiles import profile
+from harness.machines.search import find_counterexample
 from harness.machines.service import service_machine
 from harness.run.core.session import run_scenario
 from harness.run.spec.files import load_file
@@ -169,13 +169,9 @@ def search(measured: dict[str, Target], ep: Endpoints, cap: int, shrink: bool) -
     for name, target in measured.items():
         spec = target.naive(messages=1, timeout_s=20)
         machine = service_machine(spec, ep)
-        error = ""
         with console.status(f"service state machine on {name}-naive"):
-            try:
-                search = settings(profile(), max_examples=cap, database=None, phases=phases)
-                run_state_machine_as_test(machine, settings=search)
-            except AssertionError as exc:
-                error = str(exc)
+            search_settings = settings(profile(), max_examples=cap, database=None, phases=phases)
+            error = find_counterexample(machine, search_settings)
         found = machine.found_at
         anomaly = target.naive_anomaly
         last = machine.last_result
