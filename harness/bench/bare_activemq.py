@@ -346,6 +346,7 @@ def bare_activemq(
             ops, frames, last = reports["sink"]
             crew.stop.set()
             done = crew.collect("done", names, deadline)
+            roles = crew.roles(names)
         firsts = [first for _, first in done.values() if first]
         count, distinct = pg_run(endpoints, via_proxy, f"SELECT count(*), count(DISTINCT op_id) FROM {job.table}")[0]
         processed = sum(n for n, _ in done.values())
@@ -355,4 +356,4 @@ def bare_activemq(
                 f"{count} effect rows ({distinct} ops), {frames} outputs ({ops} ops)"
             )
     seconds, consuming = last - reports["producer"], last - min(firsts)
-    return BareResult("activemq", messages, seconds, workers, via_proxy, count, consuming, clients)
+    return BareResult("activemq", messages, seconds, workers, via_proxy, count, consuming, clients, roles)

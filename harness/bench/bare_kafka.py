@@ -290,6 +290,7 @@ def bare_kafka(
                     submitted = payload
             crew.stop.set()
             done: dict[str, Any] = crew.collect("done", names, deadline)
+            roles = crew.roles(names)
         first = max(submitted, min(f for _, f in done.values()))
         inbox, effects, distinct = pg_run(
             endpoints,
@@ -302,4 +303,4 @@ def bare_kafka(
                 f"Kafka bare loop lost or doubled records: {messages} produced, {committed} committed, "
                 f"{inbox} inbox rows, {effects} effect rows ({distinct} ops), {outputs} outputs"
             )
-    return BareResult("kafka", messages, last - submitted, consumers, via_proxy, effects, last - first)
+    return BareResult("kafka", messages, last - submitted, consumers, via_proxy, effects, last - first, roles=roles)

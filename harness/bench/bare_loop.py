@@ -46,7 +46,9 @@ class BareResult:
 
     ``effects`` is the effect rows counted in Postgres after the run (the loop raises unless it
     is ``messages``); ``workers`` the processes doing the stage's work; ``consume_seconds`` the
-    span from the first message consumed to the last output (the producer's time left out).
+    span from the first message consumed to the last output (the producer's time left out);
+    ``roles`` each process's pid and role, ``workers`` or ``driver`` (the producer and the sink),
+    for ``harness.bench.cpu``.
     """
 
     flow: str
@@ -57,6 +59,7 @@ class BareResult:
     effects: int
     consume_seconds: float
     clients: str = "raw"  # the ActiveMQ loop's clients: "raw", or "libraries" (the stage's own)
+    roles: tuple[tuple[int, str], ...] = ()
 
     @property
     def consume_ops_per_s(self) -> float:
@@ -209,6 +212,11 @@ class Crew:
             if wanted.get(name) == got:
                 found[name] = payload
         return found
+
+    def roles(self, workers: list[str]) -> tuple[tuple[int, str], ...]:
+        """Return each process's (pid, role): ``workers`` as ``workers``, the others (the producer
+        and the sink, the soak driver's counterparts) as ``driver``."""
+        return tuple((p.pid or 0, "workers" if n in workers else "driver") for n, p in self.procs.items())
 
     def close(self) -> None:
         """Stop every process: ask, then SIGTERM, then SIGKILL; release the report queue."""

@@ -27,8 +27,10 @@ from typing import Any
 from rich.console import Console
 
 from harness.bench.bare import BareResult, bare_activemq, bare_kafka
+from harness.bench.cpu import CpuMeter, CpuUsage
 from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, write_section
 from harness.errors import HarnessError
+from harness.ledger.reader import read_ledger
 from harness.resources import scenarios_dir
 from harness.run.core.signals import Terminated, terminating
 from harness.run.spec.files import resolve
@@ -152,10 +154,21 @@ def in_child(target: Callable[..., None], *args: object, label: str) -> Path:
             child.join()
 
 
+def ledger_roles(run_dir: Path) -> dict[int, str]:
+    """Return each writer process of a run's ledger as (pid -> role): its stage workers as
+    ``workers``, the rest (the driver and its sink) as ``driver``."""
+    writers = read_ledger(run_dir / "ledger").select(["src", "pid"]).group_by(["src", "pid"]).aggregate([])
+    return {
+        int(pid): "workers" if str(src).startswith("worker") else "driver"
+        for src, pid in zip(writers["src"].to_pylist(), writers["pid"].to_pylist(), strict=True)
+    }
+
+
 def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, Any]:
-    with console.status(f"{CASES[case].label}: {ops:,} ops"):
+    with console.status(f"{CASES[case].label}: {ops:,} ops"), CpuMeter() as meter:
         run_dir = in_child(_child, case, ops, workers, endpoints.to_json(), label=CASES[case].label)
     summary: dict[str, Any] = json.loads((run_dir / SUMMARY).read_text())
+    summary["cpu"] = meter.usage()
     started = time.monotonic()
     inproc = check_run(run_dir, contract_of(run_dir))
     summary["inproc_s"] = time.monotonic() - started
@@ -174,13 +187,19 @@ def _soak(case: int, ops: int, workers: int, endpoints: Endpoints) -> dict[str, 
     return summary
 
 
-def _bare(flow: str, messages: int, workers: int, endpoints: Endpoints, clients: str = "raw") -> BareResult:
-    """Run the bare loop of ``flow`` ("activemq" or "kafka") on ``endpoints`` (``clients``: ActiveMQ's)."""
+def _bare(
+    flow: str, messages: int, workers: int, endpoints: Endpoints, clients: str = "raw"
+) -> tuple[BareResult, CpuUsage]:
+    """Run the bare loop of ``flow`` ("activemq" or "kafka") on ``endpoints`` (``clients``: ActiveMQ's);
+    return its figure and the CPU every process used while it ran."""
     if flow == "activemq":
-        with console.status(f"bare loop: ActiveMQ ({clients} clients), {messages:,} messages, {workers} processes"):
-            return bare_activemq(endpoints, messages=messages, workers=workers, clients=clients)
-    with console.status(f"bare loop: Kafka, {messages:,} records"):
-        return bare_kafka(endpoints, messages=messages)
+        what = f"bare loop: ActiveMQ ({clients} clients), {messages:,} messages, {workers} processes"
+        with console.status(what), CpuMeter() as meter:
+            got = bare_activemq(endpoints, messages=messages, workers=workers, clients=clients)
+    else:
+        with console.status(f"bare loop: Kafka, {messages:,} records"), CpuMeter() as meter:
+            got = bare_kafka(endpoints, messages=messages)
+    return got, meter.usage()
 
 
 def _soak_row(case: Case, s: dict[str, Any], verdict_note: str = "") -> list[object]:
@@ -210,9 +229,30 @@ def _bare_row(name: str, got: BareResult, note: str) -> list[object]:
     return [*row, *["-"] * 5, f"{note} ({consuming})"]
 
 
-def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) -> list[list[object]]:
+CPU_ROLES = ("workers", "driver", "broker", "Postgres", "Toxiproxy", "other")
+CPU_HEADERS = ["run", "ops", *(f"{role} µs" for role in CPU_ROLES), "all µs", "machine busy"]
+
+
+def cpu_row(label: str, ops: int, flow: str, usage: CpuUsage, named: dict[int, str]) -> list[object]:
+    """Return a row of the CPU table: each role's CPU per operation (µs), all of it, and how busy
+    the machine's cores were. ``broker`` is ``flow``'s broker (ActiveMQ or Kafka); the other
+    broker's JVM, Spark and anything else go to ``other``."""
+    roles = usage.by_role(named)
+    broker = "ActiveMQ" if flow == "activemq" else "Kafka"
+    spent = {role: roles.pop(role, 0.0) for role in ("workers", "driver", "Postgres", "Toxiproxy")}
+    spent["broker"] = roles.pop(broker, 0.0)
+    spent["other"] = sum(roles.values())
+    per_op = [f"{spent[role] / ops * 1e6:,.0f}" for role in CPU_ROLES]
+    total = sum(spent.values()) / ops * 1e6
+    return [label, f"{ops:,}", *per_op, f"{total:,.0f}", f"{usage.busy_share:.0%} of {usage.cores} cores"]
+
+
+def _pairs(
+    flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints, cpu: list[list[object]]
+) -> list[list[object]]:
     """Return the rows of ``pairs`` bare-loop/clean-soak pairs of ``flow``, run one after the other
-    (bare, soak, bare, soak...), and a last row with the ratio's median and range.
+    (bare, soak, bare, soak...), and a last row with the ratio's median and range. Add to ``cpu``
+    a row per run: where its CPU went (``cpu_row``).
 
     One pair moves by about as much as the gap it measures (a 20,000-op ActiveMQ soak gives
     239-276 ops/s run to run on one stack), so a single ratio says little; interleaving puts each
@@ -228,16 +268,19 @@ def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) 
     own: list[float] = []  # soak / the libraries' loop (ActiveMQ)
     name = BARE_NAMES[flow].format(workers=workers)
     for n in range(1, pairs + 1):
-        got = _bare(flow, ops, workers, endpoints)
+        got, used = _bare(flow, ops, workers, endpoints)
         rows.append(_bare_row(name, got, f"pair {n}: the machine's limit"))
+        cpu.append(cpu_row(f"pair {n}: bare loop, {name}", got.messages, flow, used, dict(got.roles)))
         libs = None
         if flow == "activemq":
-            libs = _bare(flow, ops, workers, endpoints, clients="libraries")
+            libs, used = _bare(flow, ops, workers, endpoints, clients="libraries")
             share = f"{libs.ops_per_s / got.ops_per_s:.0%} of the limit"
-            rows.append(
-                _bare_row(f"{name}, on StompClient and SQLAlchemy", libs, f"pair {n}: the stage's clients, {share}")
-            )
+            label = f"{name}, on StompClient and SQLAlchemy"
+            rows.append(_bare_row(label, libs, f"pair {n}: the stage's clients, {share}"))
+            cpu.append(cpu_row(f"pair {n}: bare loop, {label}", libs.messages, flow, used, dict(libs.roles)))
         s = _soak(index, ops, workers, endpoints)
+        soaked = s["stats"]["submitted"]
+        cpu.append(cpu_row(f"pair {n}: {case.label}", soaked, flow, s["cpu"], ledger_roles(s["run_dir"])))
         ratios.append(s["stats"]["ops_per_s"] / got.ops_per_s)
         note = f"pair {n}: {ratios[-1]:.0%} of the bare loop"
         if libs is not None:
@@ -262,6 +305,14 @@ def _pairs(flow: str, ops: int, workers: int, pairs: int, endpoints: Endpoints) 
 HEADERS = ["run", "ops", "wall s", "ops/s (end to end)", "driver RSS MB (driving / peak)", "ledger events"]
 HEADERS += ["in-process verify s", "Spark verify s", "nemesis", "verdict; vs bare loop"]
 PAIRS_SECTION = "Soak runs against the bare loop (issue 32)"
+CPU_NOTE = (
+    "Where each run's CPU went, in µs of CPU per operation (`harness.bench.cpu`: every process's CPU "
+    "time read from `/proc` every 0.5 s over the run's whole window, start-up and clean-up included). "
+    "`workers`: the stage's processes; `driver`: the soak's driver and sink, or the bare loop's "
+    "producer and sink; `broker`: the flow's broker; `other`: everything else on the machine (the "
+    "benchmark itself, the idle broker of the other flow). `machine busy`: the cores' busy share over "
+    "the window, from `/proc/stat`."
+)
 NEMESIS_SECTION = "Soak runs under the nemesis (issue 32)"
 PARTS = ("pairs", "nemesis")
 
@@ -293,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         case.build(ops[case.ops_key], args.workers)
     parts = (args.only,) if args.only else PARTS
     sections: dict[str, list[list[object]]] = {}
+    cpu: list[list[object]] = []  # the pairs' CPU table
     with bench_stack() as endpoints:
         for flow in ("activemq", "kafka"):
             # Each flow's limit is measured right before its soaks: a million-record Kafka fill
             # leaves the broker flushing for a while, which an ActiveMQ soak after it would pay.
             if "pairs" in parts:
-                sections.setdefault("pairs", []).extend(_pairs(flow, ops[flow], args.workers, args.pairs, endpoints))
+                flow_rows = _pairs(flow, ops[flow], args.workers, args.pairs, endpoints, cpu)
+                sections.setdefault("pairs", []).extend(flow_rows)
             if "nemesis" in parts:
                 for i, case in enumerate(CASES):
                     if case.size == flow and not case.versus:
@@ -312,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     naive_size = "" if args.naive_ops is None else f" --naive-ops {args.naive_ops}"
     for part, rows in sections.items():
         text = table(HEADERS, rows)
+        if part == "pairs":
+            text += f"\n\n{CPU_NOTE}\n\n{table(CPU_HEADERS, cpu)}"
         console.print(text)
         if args.no_write:
             continue

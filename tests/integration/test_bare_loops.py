@@ -12,6 +12,7 @@ import pytest
 
 from harness.bench.bare import bare_activemq, bare_kafka
 from harness.bench.bare_loop import pg_run
+from harness.bench.cpu import CpuMeter
 from harness.clients.kafka import admin
 from harness.stack.base import Endpoints
 
@@ -30,8 +31,13 @@ def _bare_topics(ep: Endpoints) -> set[str]:
 @pytest.mark.activemq
 def test_bare_activemq_loop_applies_each_message_once(txchaos_stack: Endpoints) -> None:
     before = _bare_tables(txchaos_stack)
-    result = bare_activemq(txchaos_stack, messages=500, workers=2)
+    with CpuMeter() as meter:
+        result = bare_activemq(txchaos_stack, messages=500, workers=2)
     assert (result.flow, result.messages, result.effects, result.workers) == ("activemq", 500, 500, 2)
+    # The soak benchmark's CPU table: the loop names its processes, the meter finds the stack's.
+    assert sorted(role for _, role in result.roles) == ["driver", "driver", "workers", "workers"]
+    used = meter.usage().by_role(dict(result.roles))
+    assert all(used.get(role, 0) > 0 for role in ("workers", "driver", "ActiveMQ", "Postgres", "Toxiproxy")), used
     assert result.via_proxy
     assert result.seconds >= result.consume_seconds > 0, "the clock starts at the first send, before any consuming"
     assert _bare_tables(txchaos_stack) == before, "the loop left its effect table behind"
