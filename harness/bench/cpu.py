@@ -60,7 +60,8 @@ class CpuUsage:
     """The CPU every process used in a window, and the machine's busy time over it."""
 
     seconds: float  # the window's wall time
-    busy_s: float  # CPU time the machine spent busy (all cores; /proc/stat less idle and iowait)
+    busy_s: float  # CPU time the machine spent busy (all cores; ``machine_times``)
+    stolen_s: float  # CPU time the hypervisor gave to others while this machine had work
     cores: int
     procs: tuple[Proc, ...] = field(default=())
 
@@ -77,6 +78,11 @@ class CpuUsage:
         """The machine's busy share of its cores' time over the window (1.0: every core busy)."""
         return self.busy_s / (self.seconds * self.cores) if self.seconds > 0 else 0.0
 
+    @property
+    def stolen_share(self) -> float:
+        """The share of the cores' time the hypervisor took over the window."""
+        return self.stolen_s / (self.seconds * self.cores) if self.seconds > 0 else 0.0
+
 
 def parse_stat(text: str) -> tuple[str, float]:
     """Return (name, utime + stime in seconds) of one ``/proc/<pid>/stat`` line.
@@ -89,11 +95,15 @@ def parse_stat(text: str) -> tuple[str, float]:
     return head.partition("(")[2], (int(fields[11]) + int(fields[12])) * TICK_S
 
 
-def machine_busy_s(text: str) -> float:
-    """Return the busy CPU seconds of all cores from ``/proc/stat``'s first line (less idle and iowait)."""
+def machine_times(text: str) -> tuple[float, float]:
+    """Return (busy, stolen) CPU seconds of all cores from ``/proc/stat``'s first line.
+
+    Busy is user, nice, system, irq and softirq time. Stolen is the time the hypervisor ran
+    something else while this machine had work: on a shared host it slows every process at once.
+    """
     values = [int(v) for v in text.split("\n", 1)[0].split()[1:]]
     # user nice system idle iowait irq softirq steal [guest guest_nice: already in user and nice]
-    return (sum(values[:8]) - values[3] - values[4]) * TICK_S
+    return (values[0] + values[1] + values[2] + values[5] + values[6]) * TICK_S, values[7] * TICK_S
 
 
 class CpuMeter:
@@ -108,7 +118,7 @@ class CpuMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = self._ended = 0.0
-        self._busy_start = self._busy_end = 0.0
+        self._times_start = self._times_end = (0.0, 0.0)
 
     def _read(self, pid: int) -> tuple[str, float] | None:
         try:
@@ -139,15 +149,15 @@ class CpuMeter:
                 self._cmdline(pid)
             self._last[pid] = got
 
-    def _busy(self) -> float:
-        return machine_busy_s((self.proc / "stat").read_text())
+    def _times(self) -> tuple[float, float]:
+        return machine_times((self.proc / "stat").read_text())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
 
     def __enter__(self) -> CpuMeter:
-        self._started, self._busy_start = time.monotonic(), self._busy()
+        self._started, self._times_start = time.monotonic(), self._times()
         self.sample(first=True)
         self._thread = threading.Thread(target=self._loop, name="txchaos-cpu-meter", daemon=True)
         self._thread.start()
@@ -158,7 +168,7 @@ class CpuMeter:
         if self._thread is not None:
             self._thread.join()
         self.sample()
-        self._ended, self._busy_end = time.monotonic(), self._busy()
+        self._ended, self._times_end = time.monotonic(), self._times()
 
     def usage(self) -> CpuUsage:
         """Return what the closed window measured: every process that used CPU in it."""
@@ -167,4 +177,5 @@ class CpuMeter:
             for pid, (name, cpu) in self._last.items()
             if cpu - self._first[pid] > 0
         )
-        return CpuUsage(self._ended - self._started, self._busy_end - self._busy_start, os.cpu_count() or 1, procs)
+        busy, stolen = (end - start for end, start in zip(self._times_end, self._times_start, strict=True))
+        return CpuUsage(self._ended - self._started, busy, stolen, os.cpu_count() or 1, procs)

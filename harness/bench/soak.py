@@ -230,7 +230,7 @@ def _bare_row(name: str, got: BareResult, note: str) -> list[object]:
 
 
 CPU_ROLES = ("workers", "driver", "broker", "Postgres", "Toxiproxy", "other")
-CPU_HEADERS = ["run", "ops", *(f"{role} µs" for role in CPU_ROLES), "all µs", "machine busy"]
+CPU_HEADERS = ["run", "ops", *(f"{role} µs" for role in CPU_ROLES), "all µs", "machine busy (stolen)"]
 
 
 def cpu_row(label: str, ops: int, flow: str, usage: CpuUsage, named: dict[int, str]) -> list[object]:
@@ -244,7 +244,8 @@ def cpu_row(label: str, ops: int, flow: str, usage: CpuUsage, named: dict[int, s
     spent["other"] = sum(roles.values())
     per_op = [f"{spent[role] / ops * 1e6:,.0f}" for role in CPU_ROLES]
     total = sum(spent.values()) / ops * 1e6
-    return [label, f"{ops:,}", *per_op, f"{total:,.0f}", f"{usage.busy_share:.0%} of {usage.cores} cores"]
+    machine = f"{usage.busy_share:.0%} of {usage.cores} cores ({usage.stolen_share:.0%})"
+    return [label, f"{ops:,}", *per_op, f"{total:,.0f}", machine]
 
 
 def _pairs(
@@ -311,7 +312,8 @@ CPU_NOTE = (
     "`workers`: the stage's processes; `driver`: the soak's driver and sink, or the bare loop's "
     "producer and sink; `broker`: the flow's broker; `other`: everything else on the machine (the "
     "benchmark itself, the idle broker of the other flow). `machine busy`: the cores' busy share over "
-    "the window, from `/proc/stat`."
+    "the window, from `/proc/stat`; `stolen`: the share the hypervisor gave to other machines while "
+    "this one had work (a shared host slows every process at once)."
 )
 NEMESIS_SECTION = "Soak runs under the nemesis (issue 32)"
 PARTS = ("pairs", "nemesis")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.bench.cpu import TICK_S, CpuMeter, machine_busy_s, parse_stat, stack_role
+from harness.bench.cpu import TICK_S, CpuMeter, machine_times, parse_stat, stack_role
 
 
 def _stat(pid: int, name: str, utime: int, stime: int) -> str:
@@ -20,9 +20,9 @@ def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields() -> None:
     assert cpu == 500 * TICK_S
 
 
-def test_the_machines_busy_time_leaves_out_idle_and_iowait() -> None:
+def test_the_machines_busy_time_leaves_out_idle_iowait_and_what_the_host_stole() -> None:
     # user nice system idle iowait irq softirq steal guest guest_nice
-    assert machine_busy_s("cpu  100 5 50 1000 30 2 3 0 7 0\ncpu0 1 2 3\n") == 160 * TICK_S
+    assert machine_times("cpu  100 5 50 1000 30 2 3 40 7 0\ncpu0 1 2 3\n") == (160 * TICK_S, 40 * TICK_S)
 
 
 def test_stack_processes_get_their_role_from_name_and_command_line() -> None:
@@ -37,7 +37,7 @@ def test_stack_processes_get_their_role_from_name_and_command_line() -> None:
 
 def _fake_proc(root: Path, procs: dict[int, tuple[str, int, str]], busy: int) -> None:
     root.mkdir(exist_ok=True)
-    (root / "stat").write_text(f"cpu  {busy} 0 0 1000 0 0 0 0 0 0\n")
+    (root / "stat").write_text(f"cpu  {busy} 0 0 1000 0 0 0 {busy // 10} 0 0\n")
     for pid, (name, ticks, cmdline) in procs.items():
         (root / str(pid)).mkdir(exist_ok=True)
         (root / str(pid) / "stat").write_text(_stat(pid, name, ticks, 0))
@@ -55,7 +55,7 @@ def test_the_meter_counts_growth_in_the_window_and_a_newcomer_from_zero(tmp_path
         (proc / "11" / "stat").unlink()  # the worker ended after that sample: its last one counts
     roles = meter.usage().by_role({11: "workers"})
     assert roles == {"Postgres": 400 * TICK_S, "workers": 200 * TICK_S, "ActiveMQ": 70 * TICK_S}
-    assert meter.usage().busy_s == 400 * TICK_S
+    assert (meter.usage().busy_s, meter.usage().stolen_s) == (400 * TICK_S, 40 * TICK_S)
 
 
 def test_the_meter_sees_a_real_busy_child_under_the_role_it_is_named() -> None:
