@@ -47,11 +47,23 @@ class LiveCompaction:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         while not self._stop.wait(self.every_s):
             try:
-                while not self._stop.is_set() and self.compaction.take(max_bytes=TAKE_BYTES):
+                while not self._stop.is_set() and self._backlog_taken():
                     pass  # a backlog in small takes: each holds memory for its bytes only
             except Exception as exc:  # ``finish`` reads the whole ledger again: nothing is lost
                 self.error = exc
                 return
+
+    def _backlog_taken(self) -> bool:
+        """Take once; return True when that take met a backlog (it filled most of its byte bound).
+
+        Not "it found new lines": the run writes all the time, so a thread that takes again while
+        anything is new never waits. It took the few events written during each take, over and
+        over: 4.3 s of CPU in the first 13,000 operations of a 20,000-op ActiveMQ soak, where
+        taking every 2 s costs about 1.2 s for the whole ledger.
+        """
+        before = self.compaction.taken_bytes
+        self.compaction.take(max_bytes=TAKE_BYTES)
+        return self.compaction.taken_bytes - before >= TAKE_BYTES // 2
 
     def close(self) -> None:
         """Stop taking and drop whatever was spilled and not finished (a soak ended without a verdict)."""

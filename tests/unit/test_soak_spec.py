@@ -7,6 +7,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -430,6 +431,36 @@ def test_a_live_compaction_takes_while_the_ledger_grows_and_the_close_finishes_i
         out = live.compaction.finish()
     assert pq.read_table(out).to_pylist() == pq.read_table(compact(once)).to_pylist()
     assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
+
+
+def test_a_live_compaction_waits_between_takes_while_the_run_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer that never stops must not keep the thread taking its few new events back to back
+    # (it did: 150 takes in this second, not 10).
+    from harness.ledger.reader import Compaction
+    from harness.ledger.schema import Kind
+    from harness.ledger.writer import LedgerWriter
+    from harness.soak.compacting import LiveCompaction
+
+    takes: list[int] = []
+    original = Compaction.take
+
+    def counted(self: Compaction, **kwargs: Any) -> int:
+        takes.append(1)
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(Compaction, "take", counted)
+    ledger = tmp_path / "run" / "ledger"
+    with LedgerWriter(ledger, "driver") as w, LiveCompaction(ledger, every_s=0.1) as live:
+        deadline = time.monotonic() + 1.0
+        i = 0
+        while time.monotonic() < deadline:
+            w.emit(Kind.SUBMIT, op=f"op-{i}", dest="orders")
+            i += 1
+            time.sleep(0.0005)
+        assert live.compaction.events > 0
+    assert 3 <= len(takes) <= 15, f"{len(takes)} takes in 1 s at one every 0.1 s"
 
 
 def test_a_live_compaction_closed_without_a_verdict_leaves_no_spill(tmp_path: Path) -> None:
