@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.paths import cache_root
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -31,5 +33,11 @@ def test_ruff(args: list[str]) -> None:
 
 
 def test_mypy_strict() -> None:
-    proc = subprocess.run([_tool("mypy")], cwd=REPO, capture_output=True, text=True, check=False)
+    # The cache under the txchaos cache, not the checkout: a fresh clone (CI's) then checks again
+    # only the modules whose source changed (mypy compares their hashes), in about a second
+    # instead of 19 s. Nothing is skipped: an unchanged module's result is the same.
+    cache = cache_root() / "mypy"
+    proc = subprocess.run(
+        [_tool("mypy"), "--cache-dir", str(cache)], cwd=REPO, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
