@@ -6,7 +6,8 @@ clean path (``--nemesis none``), then the soak under the default nemesis and a n
 with its anomaly counts, and a service soak with several instances. Every soak runs in a child
 process of its own, so its driver's peak RSS is its own; each soak's ledger is then verified again
 by the in-process engine and by Spark (``local[*]``), timed. Soak throughput is end to end: first
-submission to the verdict.
+submission to the verdict. Every run of the pairs is metered too (``harness.bench.cpu``): a table
+says how many µs of CPU an operation cost each role (workers, driver, broker, Postgres, Toxiproxy).
 
     txchaos bench soak [--activemq-ops 20000] [--naive-ops N] [--kafka-ops 200000] [--service-ops 5000]
                        [--workers 4] [--pairs 3] [--only pairs|nemesis] [--no-write]
