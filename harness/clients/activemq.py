@@ -40,7 +40,12 @@ HEARTBEATS = (1000, 1000)
 RECEIPT_TIMEOUT_S = 10.0
 DISCONNECT_WAIT_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
-SILENCE_SCALE = 1.5  # the broker is taken for gone after this many of its agreed beat intervals without a byte
+# The broker is taken for gone after this many of its agreed beat intervals without a byte.
+# ActiveMQ checks every interval whether it wrote anything since the last check and beats only if
+# not, so its bytes can come nearly two intervals apart; a host that steals CPU adds to that. At 1.5
+# idle workers were dropped again and again on such a host (a crash loop of "lost" in a run with
+# nothing to do), which the stomp.py connection this replaced only reported to a listener.
+SILENCE_SCALE = 3.0
 _READ_BYTES = 65536
 
 
