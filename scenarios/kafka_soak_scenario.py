@@ -43,4 +43,9 @@ def test_restarts_named_alone_let_the_consumer_group_recover_between_them(txchao
     between = [span for span in calm_spans[1:-1] if span]  # after a restart, before the next
     assert between, calm_spans
     assert all(span[-1] > span[0] for span in between), between
-    assert stats.submitted > 2_000, stats  # the old schedule: 880 in 90 s
+    # The old schedule moved everything before its first restart (880 operations in the first 3 s
+    # of 90). Now more comes out after the first restart than before it; a rate bound would measure
+    # the host, not the schedule (CI's slower host moved 1,385 in this test, this machine 2,510).
+    before_first = calm_spans[0][-1] if calm_spans[0] else 0
+    after_first = max(max(span) for span in calm_spans[1:] if span) - before_first
+    assert after_first > before_first, calm_spans
