@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.faults import KillBroker, Latency, Partition, ResetPeer
-from harness.run.core.folder import STEPS, RunFolder
+from harness.run.core.folder import EAGER_STEPS, STEPS, RunFolder
 from harness.run.core.plan import plan
 from harness.run.core.replay import load_steps
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
@@ -90,6 +90,29 @@ def test_a_folder_records_steps_in_order_and_load_steps_reads_them_back(tmp_path
     for step in EVERY_KIND:
         folder.record(step)
     assert load_steps(folder.path) == EVERY_KIND
+
+
+def test_a_long_runs_step_texts_do_not_rewrite_the_manifest_each_time_and_all_reach_it(tmp_path: Path) -> None:
+    folder = RunFolder.create("m", "v", 0, tmp_path)
+    folder.manifest = {"steps": []}
+    saves = 0
+    save = folder.save
+
+    def counted() -> None:
+        nonlocal saves
+        saves += 1
+        save()
+
+    folder.save = counted  # type: ignore[method-assign]
+    on_disk = lambda: json.loads((folder.path / "manifest.json").read_text())["steps"]  # noqa: E731
+    folder.step("first")
+    assert on_disk() == ["first"]  # a short run's steps are on disk as they happen
+    for n in range(1, 5_000):
+        folder.step(f"submit {n}")
+    # One save per step would be 5,000 rewrites of a manifest growing to 5,000 lines.
+    assert EAGER_STEPS <= saves <= EAGER_STEPS + 50, saves
+    folder.close_books()
+    assert len(on_disk()) == 5_000
 
 
 def test_load_steps_refuses_a_folder_without_steps_and_a_damaged_line(tmp_path: Path) -> None:

@@ -19,6 +19,12 @@ from harness.stack import topology
 from harness.stack.base import Endpoints
 
 STEPS = "steps.jsonl"  # the applied steps, one JSON line each (harness.run.spec.steps)
+# A run's first steps reach manifest.json as they happen. Past them (a soak adds a step per
+# submitted batch, ~19,000 in a million operations) each step would rewrite a manifest that grows
+# with the run, quadratic in all: the manifest is then saved at most once a second, and by every
+# other save (a doubt, the closed books, the end). steps.jsonl takes every step as it happens.
+EAGER_STEPS = 200
+SAVE_EVERY_S = 1.0
 
 
 @dataclass
@@ -31,6 +37,7 @@ class RunFolder:
     _log_offsets: dict[str, int] = field(default_factory=dict)
     # Steps come from the driver and from relay threads (a trap firing): one writer at a time.
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    _saved_at: float = field(default=0.0, repr=False, compare=False)
 
     @classmethod
     def create(cls, scenario: str, variant: str, seed: int, root: Path | None = None) -> RunFolder:
@@ -74,10 +81,15 @@ class RunFolder:
         self.save()
 
     def step(self, text: str) -> None:
-        """Record a driver step: the list replays the run (safe from any thread)."""
+        """Record a driver step: the list replays the run (safe from any thread).
+
+        Past ``EAGER_STEPS`` the manifest on disk may lag its steps by up to ``SAVE_EVERY_S``.
+        """
         with self._lock:
-            self.manifest.setdefault("steps", []).append(text)
-            self.save()
+            steps = self.manifest.setdefault("steps", [])
+            steps.append(text)
+            if len(steps) <= EAGER_STEPS or time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+                self.save()
 
     def record(self, step: Step) -> None:
         """Append ``step`` to ``steps.jsonl``, the steps as data that ``replay`` runs again (any thread)."""
@@ -120,6 +132,7 @@ class RunFolder:
             tmp = self.path / "manifest.json.tmp"
             tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
             tmp.replace(self.path / "manifest.json")
+            self._saved_at = time.monotonic()
 
 
 def spec_record(spec: Any) -> dict[str, Any]:
