@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PROC = Path("/proc")
+from harness import procfs
+from harness.procfs import PROC
+
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 # Who uses the CPU besides the processes a benchmark names, by the start of their command line
 # (the JVMs) or their name. The JVMs' roles are told apart by the main class's package.
@@ -85,14 +87,9 @@ class CpuUsage:
 
 
 def parse_stat(text: str) -> tuple[str, float]:
-    """Return (name, utime + stime in seconds) of one ``/proc/<pid>/stat`` line.
-
-    The name is in parentheses and may hold spaces and parentheses itself: the fields after it
-    start after the last ``)``.
-    """
-    head, _, rest = text.rpartition(")")
-    fields = rest.split()
-    return head.partition("(")[2], (int(fields[11]) + int(fields[12])) * TICK_S
+    """Return (name, utime + stime in seconds) of one ``/proc/<pid>/stat`` line."""
+    stat = procfs.parse(text)
+    return stat.name, stat.cpu_ticks * TICK_S
 
 
 def machine_times(text: str) -> tuple[float, float]:
@@ -121,10 +118,8 @@ class CpuMeter:
         self._times_start = self._times_end = (0.0, 0.0)
 
     def _read(self, pid: int) -> tuple[str, float] | None:
-        try:
-            return parse_stat((self.proc / str(pid) / "stat").read_text())
-        except (OSError, IndexError, ValueError):  # the process ended between the listing and the read
-            return None
+        stat = procfs.read(pid, self.proc)  # None: the process ended between the listing and the read
+        return None if stat is None else (stat.name, stat.cpu_ticks * TICK_S)
 
     def _cmdline(self, pid: int) -> str:
         if pid not in self._cmdlines:

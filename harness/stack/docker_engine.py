@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from harness import procfs
 from harness.errors import ConfigError, StackError
 from harness.paths import cache_root
 from harness.stack import docker_images, go_builds
@@ -163,11 +164,8 @@ def _ended(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state == "Z"
+    stat = procfs.read(pid)
+    return stat is not None and stat.state == "Z"
 
 
 def apt_mirror(sources: tuple[Path, ...] | None = None) -> str:

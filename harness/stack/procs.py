@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness import procfs
 from harness.errors import HarnessError
 from harness.paths import cache_root
 
@@ -59,12 +60,8 @@ def _paths_registry() -> Path:
 
 def start_time(pid: int) -> int | None:
     """Return the kernel start time (clock ticks) of ``pid``, or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces or parentheses: split after the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    stat = procfs.read(pid)
+    return None if stat is None else stat.start_ticks
 
 
 def _has_tag(pid: int, tag: str) -> bool:
@@ -353,9 +350,9 @@ def reap_orphans(*, include_detached_tag: str | None = None) -> list[str]:
 def kill_group_wait(pid: int, timeout: float = 5.0) -> None:
     """Wait until ``pid`` is gone (it is not our child when reaped from an earlier run)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and start_time(pid) is not None:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if start_time(pid) else ""
-        if state == "Z":
+    while time.monotonic() < deadline:
+        stat = procfs.read(pid)
+        if stat is None or stat.state == "Z":
             return
         time.sleep(0.05)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import procfs
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import EXIT_INCOMPLETE, HarnessError
@@ -101,23 +102,13 @@ KILLS = 10  # 5 SIGTERM, 5 SIGKILL
 
 def _children(pid: int) -> list[int]:
     """Return the pids whose parent is ``pid``."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(proc.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+    stats = {int(p.name): procfs.read(int(p.name)) for p in procfs.PROC.iterdir() if p.name.isdigit()}
+    return [child for child, stat in stats.items() if stat is not None and stat.ppid == pid]
 
 
 def _gone(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
+    stat = procfs.read(pid)
+    return stat is None or stat.state == "Z"
 
 
 def _port_open(port: int) -> bool:

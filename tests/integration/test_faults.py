@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from harness import faults
+from harness import faults, procfs
 from harness.bench.journal import kill_during_commits
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient, drain
@@ -228,7 +228,8 @@ def test_healing_runs_when_the_body_raises(txchaos_stack: Endpoints, proxies: To
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    stat = procfs.read(pid)
+    return stat.state if stat is not None else "gone"
 
 
 def test_pause_stops_a_process_and_heal_resumes_it(tmp_path: Path) -> None:

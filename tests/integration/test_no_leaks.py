@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import procfs
 from harness.stack.procs import TAG_VAR, reap_orphans
 
 pytestmark = pytest.mark.integration
@@ -27,10 +28,10 @@ def tagged(prefix: str) -> list[int]:
             continue
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(e.startswith(f"{TAG_VAR}={prefix}".encode()) for e in env):
+        stat = procfs.read(int(proc.name))
+        if stat is not None and stat.state != "Z" and any(e.startswith(f"{TAG_VAR}={prefix}".encode()) for e in env):
             pids.append(int(proc.name))
     return pids
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from harness import procfs
 from harness.clients import db, kafka
 from harness.clients.activemq import StompClient
 from harness.stack.base import Endpoints
@@ -136,7 +137,8 @@ def test_pg_before_commit_freeze_holds_the_commit_until_thaw(txchaos_stack: Endp
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    stat = procfs.read(pid)
+    return stat.state if stat is not None else "gone"
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 30) -> None:

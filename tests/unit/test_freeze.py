@@ -13,13 +13,15 @@ import time
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
+from harness import procfs
 from harness.faults.process import Pause
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.parts import freeze
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    stat = procfs.read(pid)
+    return stat.state if stat is not None else "gone"
 
 
 def _settles(pid: int, want: str, within_s: float = 2.0) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import procfs
 from harness.errors import HarnessError
 from harness.stack import procs
 
@@ -20,10 +21,8 @@ from harness.stack import procs
 def _gone(pid: int, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if procs.start_time(pid) is None:
-            return True
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "Z":
+        stat = procfs.read(pid)
+        if stat is None or stat.state == "Z":
             return True
         time.sleep(0.05)
     return False

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from harness import procfs
 from harness.errors import ConfigError
 from harness.traps import Drop, Firing, Freeze, Kill, Trap, TrapProxy, TrapSet
 from harness.traps.base import check_points
@@ -147,8 +148,8 @@ def test_freeze_stops_the_process_and_thaw_releases_the_held_message(
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0]
+    stat = procfs.read(pid)
+    return stat.state if stat is not None else "gone"
 
 
 def test_bad_traps_and_proxies_are_refused_with_the_fix() -> None:

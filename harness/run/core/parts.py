@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from harness import procfs
 from harness.errors import ConfigError
 from harness.faults.base import active
 from harness.faults.process import Pause, ProcessGone
@@ -209,10 +210,8 @@ class Workers:
 
 def _stopped(pid: int) -> bool:
     """Tell whether process ``pid`` is stopped (state ``T`` in /proc)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+    stat = procfs.read(pid)
+    return stat is not None and stat.state == "T"
 
 
 WORKERS: ProcessesKind = Workers  # the default part; mypy holds Workers to the protocols

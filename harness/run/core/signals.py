@@ -19,10 +19,10 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from harness import procfs
 from harness.interrupts import interrupt_all
 from harness.poll import deadline_in, poll_until
 
@@ -115,14 +115,11 @@ def children(pid: int | None = None) -> list[int]:
     """Return the live child processes of ``pid`` (default: this process), from /proc."""
     parent = os.getpid() if pid is None else pid
     found = []
-    for entry in Path("/proc").iterdir():
+    for entry in procfs.PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        if int(ppid) == parent and state != "Z":
+        stat = procfs.read(int(entry.name))  # None: gone meanwhile
+        if stat is not None and stat.ppid == parent and stat.state != "Z":
             found.append(int(entry.name))
     return found
 
