@@ -44,3 +44,9 @@ def read(pid: int, proc: Path = PROC) -> ProcStat | None:
         return parse((proc / str(pid) / "stat").read_text())
     except (OSError, ValueError):
         return None
+
+
+def state(pid: int, proc: Path = PROC) -> str | None:
+    """Return process ``pid``'s state letter (T stopped, Z zombie, ...), or None when it is gone."""
+    stat = read(pid, proc)
+    return None if stat is None else stat.state

@@ -86,12 +86,6 @@ class CpuUsage:
         return self.stolen_s / (self.seconds * self.cores) if self.seconds > 0 else 0.0
 
 
-def parse_stat(text: str) -> tuple[str, float]:
-    """Return (name, utime + stime in seconds) of one ``/proc/<pid>/stat`` line."""
-    stat = procfs.parse(text)
-    return stat.name, stat.cpu_ticks * TICK_S
-
-
 def machine_times(text: str) -> tuple[float, float]:
     """Return (busy, stolen) CPU seconds of all cores from ``/proc/stat``'s first line.
 

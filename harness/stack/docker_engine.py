@@ -164,8 +164,7 @@ def _ended(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    stat = procfs.read(pid)
-    return stat is not None and stat.state == "Z"
+    return procfs.state(pid) == "Z"
 
 
 def apt_mirror(sources: tuple[Path, ...] | None = None) -> str:

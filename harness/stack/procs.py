@@ -351,8 +351,7 @@ def kill_group_wait(pid: int, timeout: float = 5.0) -> None:
     """Wait until ``pid`` is gone (it is not our child when reaped from an earlier run)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stat = procfs.read(pid)
-        if stat is None or stat.state == "Z":
+        if procfs.state(pid) in (None, "Z"):
             return
         time.sleep(0.05)
 

@@ -29,6 +29,7 @@ from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import EXIT_INCOMPLETE, HarnessError
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
+from harness.run.core import signals
 from harness.run.core.session import run_scenario
 from harness.run.spec.files import resolve
 from harness.stack.base import Endpoints
@@ -100,15 +101,8 @@ TARGETS = {"onepc_faults:naive-latency": 6.0, "send_money:naive": 3.0}
 KILLS = 10  # 5 SIGTERM, 5 SIGKILL
 
 
-def _children(pid: int) -> list[int]:
-    """Return the pids whose parent is ``pid``."""
-    stats = {int(p.name): procfs.read(int(p.name)) for p in procfs.PROC.iterdir() if p.name.isdigit()}
-    return [child for child, stat in stats.items() if stat is not None and stat.ppid == pid]
-
-
 def _gone(pid: int) -> bool:
-    stat = procfs.read(pid)
-    return stat is None or stat.state == "Z"
+    return procfs.state(pid) in (None, "Z")
 
 
 def _port_open(port: int) -> bool:
@@ -198,7 +192,7 @@ def test_runner_killed_at_random_moments_gives_no_wrong_verdict_and_leaves_nothi
         assert _wait(lambda before=before: set(runs.glob("*")) - before, timeout=60), "the run made no folder"
         delay = rng.uniform(0.0, span)
         time.sleep(delay)
-        children = _children(proc.pid)
+        children = signals.children(proc.pid)
         finished_first = proc.poll() is not None
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)

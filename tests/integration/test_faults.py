@@ -227,11 +227,6 @@ def test_healing_runs_when_the_body_raises(txchaos_stack: Endpoints, proxies: To
     assert state["toxics"] == []
 
 
-def _state(pid: int) -> str:
-    stat = procfs.read(pid)
-    return stat.state if stat is not None else "gone"
-
-
 def test_pause_stops_a_process_and_heal_resumes_it(tmp_path: Path) -> None:
     ticks = tmp_path / "ticks"
     code = f"import time\nwhile True:\n    open({str(ticks)!r}, 'a').write('.')\n    time.sleep(0.02)\n"
@@ -247,10 +242,10 @@ def test_pause_stops_a_process_and_heal_resumes_it(tmp_path: Path) -> None:
             time.sleep(0.1)
             size = ticks.stat().st_size
             time.sleep(0.5)
-            assert _state(proc.pid) == "T"
+            assert procfs.state(proc.pid) == "T"
             assert ticks.stat().st_size == size, "the paused process kept writing"
         time.sleep(0.3)
-        assert _state(proc.pid) != "T"
+        assert procfs.state(proc.pid) != "T"
         assert ticks.stat().st_size > size
     finally:
         stop(proc, timeout=2)
@@ -444,4 +439,4 @@ def test_stop_stops_a_restarted_service(own_stack: tuple[LocalProvider, Endpoint
     provider.stop()
     for service in ("activemq", "postgres", "kafka", "toxiproxy"):
         assert tagged_pids(f"stack/{ep.stack_id}/{service}") == [], f"{service} outlived LocalProvider.stop()"
-    assert not Path(f"/proc/{new_pid}/environ").exists() or _state(new_pid) == "Z"
+    assert not Path(f"/proc/{new_pid}/environ").exists() or procfs.state(new_pid) == "Z"

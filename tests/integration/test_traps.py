@@ -126,7 +126,7 @@ def test_pg_before_commit_freeze_holds_the_commit_until_thaw(txchaos_stack: Endp
         client = Client({"TRAP_PG_URL": _pg_url(ep, proxy.address)}, "pg", "op-a")
         traps.arm(Trap("pg_before_commit", Freeze(client.pid), op="op-a"))
         client.start()
-        _wait(lambda: traps.firings != [] and _state(client.pid()) == "T")
+        _wait(lambda: traps.firings != [] and procfs.state(client.pid()) == "T")
         time.sleep(0.5)  # frozen: its COMMIT stays held, whatever the time
         assert _rows(tables, "trap_effects") == set()
         assert traps.thaw() == 1
@@ -134,11 +134,6 @@ def test_pg_before_commit_freeze_holds_the_commit_until_thaw(txchaos_stack: Endp
     assert rc == 0, err
     assert out == "committed op-a\n"  # the held COMMIT went on after the thaw
     assert _rows(tables, "trap_effects") == {"op-a"}
-
-
-def _state(pid: int) -> str:
-    stat = procfs.read(pid)
-    return stat.state if stat is not None else "gone"
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 30) -> None:

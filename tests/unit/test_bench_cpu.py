@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.bench.cpu import TICK_S, CpuMeter, machine_times, parse_stat, stack_role
+from harness.bench.cpu import TICK_S, CpuMeter, machine_times, stack_role
 
 
 def _stat(pid: int, name: str, utime: int, stime: int) -> str:
@@ -14,10 +14,16 @@ def _stat(pid: int, name: str, utime: int, stime: int) -> str:
     return f"{pid} ({name}) S 1 1 1 0 -1 4194560 10 0 0 0 {utime} {stime} 0 0 20 0 1 0 100 1000 50\n"
 
 
-def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields() -> None:
-    name, cpu = parse_stat(_stat(42, "odd ) name (x", 300, 200))
-    assert name == "odd ) name (x"
-    assert cpu == 500 * TICK_S
+def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _fake_proc(proc, {}, busy=0)
+    meter = CpuMeter(interval=3600, proc=proc)
+    with meter:  # born in the window: all its CPU counts
+        (proc / "42").mkdir()
+        (proc / "42" / "stat").write_text(_stat(42, "odd ) name (x", 300, 200))
+        meter.sample()
+    (p,) = meter.usage().procs
+    assert (p.name, p.cpu_s) == ("odd ) name (x", 500 * TICK_S)
 
 
 def test_the_machines_busy_time_leaves_out_idle_iowait_and_what_the_host_stole() -> None:

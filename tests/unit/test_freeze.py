@@ -19,16 +19,11 @@ from harness.ledger.writer import LedgerWriter
 from harness.run.core.parts import freeze
 
 
-def _state(pid: int) -> str:
-    stat = procfs.read(pid)
-    return stat.state if stat is not None else "gone"
-
-
-def _settles(pid: int, want: str, within_s: float = 2.0) -> str:
+def _settles(pid: int, want: str, within_s: float = 2.0) -> str | None:
     """Return the process's state once it is ``want``, or the last seen after ``within_s``: a signal
     sent is not yet a state taken, and on a loaded machine the process may still be running."""
     deadline = time.monotonic() + within_s
-    while (state := _state(pid)) != want and time.monotonic() < deadline:
+    while (state := procfs.state(pid)) != want and time.monotonic() < deadline:
         time.sleep(0.01)
     return state
 

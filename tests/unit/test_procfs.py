@@ -43,7 +43,9 @@ def test_a_real_child_is_read_while_it_runs_stops_and_after_it_is_gone() -> None
         assert now is not None
         assert now.state == "T"
         assert now.start_ticks == stat.start_ticks  # the same process
+        assert procfs.state(child.pid) == "T"
     finally:
         child.kill()
         child.wait()
     assert procfs.read(child.pid) is None
+    assert procfs.state(child.pid) is None

@@ -21,8 +21,7 @@ from harness.stack import procs
 def _gone(pid: int, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stat = procfs.read(pid)
-        if stat is None or stat.state == "Z":
+        if procfs.state(pid) in (None, "Z"):
             return True
         time.sleep(0.05)
     return False

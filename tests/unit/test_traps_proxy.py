@@ -139,17 +139,12 @@ def test_freeze_stops_the_process_and_thaw_releases_the_held_message(
 ) -> None:
     with through_trap(upstream, Trap("pg_before_commit", Freeze(lambda: child.pid), nth=1)) as (traps, client):
         client.sendall(STARTUP + q("INSERT 1") + q("COMMIT"))
-        wait_for(lambda: _state(child.pid) == "T")
+        wait_for(lambda: procfs.state(child.pid) == "T")
         time.sleep(0.1)
         assert not bytes(upstream.received).endswith(q("COMMIT"))
         assert traps.thaw() == 1
         wait_for(lambda: bytes(upstream.received).endswith(q("COMMIT")))
-        assert _state(child.pid) in "SR"
-
-
-def _state(pid: int) -> str:
-    stat = procfs.read(pid)
-    return stat.state if stat is not None else "gone"
+        assert procfs.state(child.pid) in ("S", "R")
 
 
 def test_bad_traps_and_proxies_are_refused_with_the_fix() -> None:

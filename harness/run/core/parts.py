@@ -210,8 +210,7 @@ class Workers:
 
 def _stopped(pid: int) -> bool:
     """Tell whether process ``pid`` is stopped (state ``T`` in /proc)."""
-    stat = procfs.read(pid)
-    return stat is not None and stat.state == "T"
+    return procfs.state(pid) == "T"
 
 
 WORKERS: ProcessesKind = Workers  # the default part; mypy holds Workers to the protocols
