@@ -57,7 +57,15 @@ class Endpoints:
     @property
     def postgres_url(self) -> str:
         """SQLAlchemy URL for Postgres through its proxy."""
-        p = self.postgres
+        return self._postgres_url(self.postgres)
+
+    @property
+    def postgres_direct_url(self) -> str:
+        """SQLAlchemy URL for Postgres with its proxy skipped: the harness's own reads and resets,
+        which the faults it opens on the system under test must not slow or cut."""
+        return self._postgres_url(self.postgres.direct())
+
+    def _postgres_url(self, p: Endpoint) -> str:
         return f"postgresql+psycopg://{self.db_user}:{self.db_password}@{p.host}:{p.port}/{self.db_name}"
 
     def kafka_bootstrap(self, *, direct: bool = False) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from harness import Crash, FaultWindow, RunSession
 from harness.clients.toxiproxy import ToxiproxyAdmin
-from harness.faults import Latency
+from harness.faults import Latency, Partition
 from harness.ledger.reader import read_ledger
 from harness.run.core.replay import load_steps, replay
 from harness.run.core.session import run_scenario
@@ -73,6 +73,19 @@ def test_faults_opened_by_steps_heal_in_reverse_by_heal_and_by_close(txchaos_sta
     # Healed in reverse: the last opened is the first healed.
     assert order[2][1] == order[1][1]
     assert order[3][1] == order[0][1]
+
+
+def test_the_harness_reads_the_database_past_the_faults_it_opens(txchaos_stack: Endpoints, tmp_path: Path) -> None:
+    """The session's own reads (a machine's invariant after each step, the books) skip the Postgres
+    proxy: a partition opened for the flow neither fails nor blocks them. Through the proxy, every
+    invariant read paid three round trips of the latency a machine opened, and a cut refused it."""
+    with RunSession(make_spec(messages=2), txchaos_stack, runs_root=tmp_path) as run:
+        run.apply(Submit(2))
+        run.apply(Open(Partition(), "postgres"))
+        assert run.duplicate_effects() == []
+        run.apply(Heal())
+        result = run.close()
+    assert result.verdict.found() == {}
 
 
 def test_a_kill_step_kills_a_worker_wherever_it_is_and_it_restarts(txchaos_stack: Endpoints, tmp_path: Path) -> None:
