@@ -80,6 +80,30 @@ def test_manual_offset_store_commits_only_what_was_stored(txchaos_stack: Endpoin
     assert kafka.committed_offsets(bs, group, topic) == {0: 2}
 
 
+def test_a_probe_kept_open_answers_what_the_broker_holds_now(txchaos_stack: Endpoints) -> None:
+    """Quiescence asks one ``OffsetProbe`` again and again: its answers follow produces and commits."""
+    bs, topic = txchaos_stack.kafka.address, _topic(txchaos_stack, records=0, partitions=2)
+    group = f"g-probe-{uuid.uuid4().hex[:8]}"
+    with kafka.OffsetProbe(bs) as probe:
+        assert probe.partitions(topic) == [0, 1]
+        assert probe.backlog(group, topic) == {}
+        kafka.produce(bs, topic, [(f"op-{i}", "{}") for i in range(6)])
+        ends = {p: high for p, (_low, high) in probe.watermarks(topic).items()}
+        assert sum(ends.values()) == 6
+        assert probe.backlog(group, topic) == {p: (0, end) for p, end in ends.items() if end}
+        assert probe.committed(group, topic) == {0: None, 1: None}
+        consumer = GroupConsumer(bs, group, [topic], offset_store="auto")
+        try:
+            assert len(_poll(consumer, 6)) == 6
+            consumer.commit()
+        finally:
+            consumer.close()
+        committed = probe.committed(group, topic)  # a partition that got no record has no commit
+        assert {p: c for p, c in committed.items() if c is not None} == {p: e for p, e in ends.items() if e}
+        assert probe.backlog(group, topic) == {}
+    assert kafka.backlog(bs, group, topic) == {}  # the one-question form agrees
+
+
 CHILD = """
 import os, signal, sys, time
 from harness.clients.kafka import GroupConsumer

@@ -13,6 +13,7 @@ advertises the proxy, so a fault on it reaches the data path after metadata too.
 """
 
 from harness.clients.kafka.admin import (
+    OffsetProbe,
     admin,
     advertised,
     backlog,
@@ -45,6 +46,7 @@ __all__ = [
     "TP",
     "GroupConsumer",
     "GroupMember",
+    "OffsetProbe",
     "OffsetStore",
     "OutputProducer",
     "RebalanceListener",

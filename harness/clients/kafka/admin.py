@@ -9,6 +9,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from harness.errors import HarnessError
 
+PROBE_GROUP = "txchaos-probe"  # the group of the consumer that reads watermarks (it joins none)
+
 
 def admin(bootstrap: str) -> AdminClient:
     # log_level 2: readiness probes hit a broker that is still starting; its refusals are expected.
@@ -60,28 +62,106 @@ def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
                 raise HarnessError(f"deleting topic {name} failed: {exc}") from exc
 
 
-def partitions_of(bootstrap: str, topic: str, timeout: float = 5.0) -> list[int]:
-    """Return the partition numbers of ``topic`` (empty when it does not exist)."""
+def topic_partitions(client: AdminClient | Consumer, topics: list[str], timeout: float = 5.0) -> dict[str, list[int]]:
+    """Return topic -> its partition numbers, from one metadata request on ``client`` (a topic that
+    does not exist is left out)."""
     # Ask for every topic: a metadata request naming one that does not exist makes a broker with
     # auto.create.topics.enable (ours, as Kafka's default) create it.
-    found = admin(bootstrap).list_topics(timeout=timeout).topics.get(topic)
-    if found is None or found.error is not None:
-        return []
-    return sorted(found.partitions)
+    meta = client.list_topics(timeout=timeout).topics
+    found = {t: meta.get(t) for t in topics}
+    return {t: sorted(m.partitions) for t, m in found.items() if m is not None and m.error is None}
+
+
+class OffsetProbe:
+    """The broker's answers on topics and group offsets, from clients kept open between questions.
+
+    A new client pays a connection and a first metadata round before its question (about 50 ms
+    each); quiescence asks for a group's backlog every quarter second, with three such clients
+    each time. A run keeps one probe (``KafkaTransport.probe``) and asks it again and again.
+
+    >>> with OffsetProbe(bootstrap) as probe:
+    ...     probe.backlog("txchaos.r1.group", "txchaos.r1.in")
+    {}
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._admin: AdminClient | None = None
+        self._consumers: dict[str, Consumer] = {}  # group -> a consumer that never subscribes
+
+    def __enter__(self) -> OffsetProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _consumer(self, group: str) -> Consumer:
+        # A consumer that never subscribes does not join its group: it only asks the coordinator.
+        found = self._consumers.get(group)
+        if found is None:
+            config = {"bootstrap.servers": self.bootstrap, "group.id": group, "enable.auto.commit": False}
+            found = self._consumers[group] = Consumer(config)
+        return found
+
+    def partitions(self, topic: str, timeout: float = 5.0) -> list[int]:
+        """Return the partition numbers of ``topic`` (empty when it does not exist)."""
+        if self._admin is None:
+            self._admin = admin(self.bootstrap)
+        return topic_partitions(self._admin, [topic], timeout).get(topic, [])
+
+    def watermarks(
+        self, topic: str, timeout: float = 5.0, parts: list[int] | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """Return partition -> (low, high): the first offset still stored, and the next one to be written."""
+        try:
+            probe = self._consumer(PROBE_GROUP)
+            chosen = self.partitions(topic) if parts is None else parts
+            return {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in chosen}
+        except KafkaException as exc:
+            raise HarnessError(f"reading the watermarks of {topic} failed: {exc}") from exc
+
+    def committed(
+        self, group: str, topic: str, timeout: float = 10.0, parts: list[int] | None = None
+    ) -> dict[int, int | None]:
+        """Return partition -> ``group``'s committed offset (None: the group never committed one)."""
+        try:
+            chosen = self.partitions(topic) if parts is None else parts
+            asked = [TopicPartition(topic, p) for p in chosen]
+            found = self._consumer(group).committed(asked, timeout=timeout) if asked else []
+        except KafkaException as exc:
+            raise HarnessError(f"reading the committed offsets of group {group} failed: {exc}") from exc
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+    def backlog(self, group: str, topic: str) -> dict[int, tuple[int, int]]:
+        """Return partition -> (first, end): the records of ``topic`` past ``group``'s committed offset.
+
+        Only partitions with something left appear, so an empty answer means the group has committed
+        every record (a group that never committed starts at 0). Under transactions ``end`` may be one
+        past the last record (a commit marker takes an offset too).
+        """
+        parts = self.partitions(topic)
+        committed = self.committed(group, topic, parts=parts)
+        first = {p: committed.get(p) or 0 for p in parts}
+        ends = {p: high for p, (_low, high) in self.watermarks(topic, parts=parts).items()}
+        return {p: (first[p], end) for p, end in ends.items() if first[p] < end}
+
+    def close(self) -> None:
+        """Close the consumers (the admin client has nothing to close)."""
+        consumers, self._consumers, self._admin = self._consumers, {}, None
+        for consumer in consumers.values():
+            consumer.close()
+
+
+def partitions_of(bootstrap: str, topic: str, timeout: float = 5.0) -> list[int]:
+    """Return the partition numbers of ``topic`` (empty when it does not exist)."""
+    with OffsetProbe(bootstrap) as probe:
+        return probe.partitions(topic, timeout)
 
 
 def watermarks(bootstrap: str, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
     """Return partition -> (low, high): the first offset still stored, and the next one to be written."""
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "txchaos-probe", "enable.auto.commit": False})
-    try:
-        return {
-            p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            for p in partitions_of(bootstrap, topic)
-        }
-    except KafkaException as exc:
-        raise HarnessError(f"reading the watermarks of {topic} failed: {exc}") from exc
-    finally:
-        probe.close()
+    with OffsetProbe(bootstrap) as probe:
+        return probe.watermarks(topic, timeout)
 
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 5.0) -> dict[int, int]:
@@ -91,16 +171,8 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 5.0) -> dict[int, i
 
 def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 10.0) -> dict[int, int | None]:
     """Return partition -> the group's committed offset (None: the group never committed one)."""
-    # A consumer that never subscribes does not join the group: it only asks the coordinator.
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        parts = [TopicPartition(topic, p) for p in partitions_of(bootstrap, topic)]
-        found = probe.committed(parts, timeout=timeout) if parts else []
-    except KafkaException as exc:
-        raise HarnessError(f"reading the committed offsets of group {group} failed: {exc}") from exc
-    finally:
-        probe.close()
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+    with OffsetProbe(bootstrap) as probe:
+        return probe.committed(group, topic, timeout)
 
 
 def purge_topics(bootstrap: str, names: Iterable[str]) -> None:
@@ -129,12 +201,6 @@ def purge_topics(bootstrap: str, names: Iterable[str]) -> None:
 
 
 def backlog(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, int]]:
-    """Return partition -> (first, end): the records of ``topic`` past ``group``'s committed offset.
-
-    Only partitions with something left appear, so an empty answer means the group has committed
-    every record (a group that never committed starts at 0). Under transactions ``end`` may be one
-    past the last record (a commit marker takes an offset too).
-    """
-    committed = committed_offsets(bootstrap, group, topic)
-    first = {p: committed.get(p) or 0 for p in partitions_of(bootstrap, topic)}
-    return {p: (first.get(p, 0), end) for p, end in end_offsets(bootstrap, topic).items() if first.get(p, 0) < end}
+    """Return ``OffsetProbe.backlog`` from a probe opened for this one question."""
+    with OffsetProbe(bootstrap) as probe:
+        return probe.backlog(group, topic)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from harness.clients.kafka.admin import end_offsets, partitions_of, watermarks
+from harness.clients.kafka.admin import end_offsets, topic_partitions, watermarks
 from harness.clients.kafka.group import SESSION_TIMEOUT_MS, OutputProducer
 from harness.clients.kafka.records import TP, Record, check, to_record
 from harness.errors import HarnessError
@@ -46,12 +46,18 @@ class TopicReader:
             }
         )
         start = start or {}
+        try:  # the reader's own client asks: no admin client opened for one question
+            found = topic_partitions(self._consumer, topics)
+        except KafkaException as exc:
+            self._consumer.close()
+            raise HarnessError(f"reading the partitions of {topics} failed: {exc}") from exc
         parts = [
             TopicPartition(t, p, start.get((t, p), -2))  # -2: the beginning of the partition
             for t in topics
-            for p in partitions_of(bootstrap, t)
+            for p in found.get(t, [])
         ]
         if not parts:
+            self._consumer.close()
             raise HarnessError(f"no partitions found for {topics}", hint="create the topics before reading them")
         self._consumer.assign(parts)
         self._parts = [TopicPartition(tp.topic, tp.partition) for tp in parts]

@@ -41,6 +41,7 @@ class Topics(SinkTopology):
 
     late_workers: ClassVar[bool] = True
     submits_via: ClassVar[frozenset[str]] = frozenset({"kafka"})
+    transport: KafkaTransport
 
     def __init__(self, session: SessionView) -> None:
         self.session = session
@@ -89,7 +90,7 @@ class Topics(SinkTopology):
 
     def consumed(self) -> bool:
         """Return True when the group has committed every input record (nothing left to process)."""
-        return not kafka.backlog(self.bootstrap, self.group, self.input_topic)
+        return not self.transport.probe.backlog(self.group, self.input_topic)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class GroupCommitted:
 
 def group_residue(session: SessionView, place: Topics) -> Book:
     """Return the book of the input records past the group's committed offsets."""
-    return GroupBacklog(place.bootstrap, place.group, place.input_topic, session.ledger, session.folder)
+    return GroupBacklog(place.transport.probe, place.group, place.input_topic, session.ledger, session.folder)
 
 
 def topic_books(session: SessionView, place: Topics) -> tuple[Book, ...]:

@@ -144,7 +144,8 @@ class SagaTopics:
 
     def caught_up(self) -> bool:
         """Return True when both participants have committed every request sent to them."""
-        return not any(kafka.backlog(self.bootstrap, self.groups[p], topic) for p, topic in self.requests.items())
+        probe = self.transport.probe
+        return not any(probe.backlog(self.groups[p], topic) for p, topic in self.requests.items())
 
     def orchestrator_idle(self) -> bool:
         """Return True when no record the orchestrator must still handle is visible to it.
@@ -159,7 +160,7 @@ class SagaTopics:
         group = self.groups[ORCHESTRATOR]
         start: dict[kafka.TP, int] = {}
         for topic in topics:
-            start |= {(topic, p): first for p, (first, _end) in kafka.backlog(self.bootstrap, group, topic).items()}
+            start |= {(topic, p): first for p, (first, _end) in self.transport.probe.backlog(group, topic).items()}
         if not start:
             return True
         reader = kafka.TopicReader(self.bootstrap, sorted({t for t, _ in start}), start=start, client_id="txchaos-idle")
@@ -308,14 +309,14 @@ class SagaBooks:
             for op in db.column_values(engine, table, "op_id"):
                 s.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
         for process, topic in place.requests.items():
-            ends = kafka.end_offsets(place.bootstrap, topic)
+            ends = {p: high for p, (_low, high) in place.transport.probe.watermarks(topic).items()}
             records = kafka.read_range(place.bootstrap, topic, {}, ends)
             seen: set[str] = set()
             for rec in records:
                 if rec.key and rec.key not in seen:
                     seen.add(rec.key)
                     s.ledger.emit(Kind.SUBMIT, op=rec.key, msg=rec.coord, dest=topic, by="orchestrator")
-            left = kafka.backlog(place.bootstrap, place.groups[process], topic)
+            left = place.transport.probe.backlog(place.groups[process], topic)
             for rec in records:
                 if rec.partition in left and rec.offset >= left[rec.partition][0]:
                     s.ledger.emit(

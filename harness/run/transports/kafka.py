@@ -23,6 +23,8 @@ class KafkaTransport:
         self.bootstrap, self.folder, self.partitions = bootstrap, folder, partitions
         self.topics: list[str] = []
         self._producer: kafka.OutputProducer | None = None
+        # The harness's questions on offsets (quiescence, the books), on clients kept open.
+        self.probe = kafka.OffsetProbe(bootstrap)
 
     def create(self, destinations: list[str]) -> None:
         """Create ``destinations`` as topics and open the driver's producer."""
@@ -49,7 +51,9 @@ class KafkaTransport:
         self.producer().flush()
 
     def release(self) -> None:
-        """Close the producer and delete the run's topics (a failure is a folder step, not an error)."""
+        """Close the producer and the probe, and delete the run's topics (a failure is a folder step,
+        not an error)."""
+        self.probe.close()
         if self._producer is not None:
             self._producer.close()
             self._producer = None

@@ -96,16 +96,16 @@ class KafkaSink(SinkBase):
 class GroupBacklog:
     """Every input record past the group's committed offsets is a ``residue_queue`` (still to be processed)."""
 
-    bootstrap: str
+    probe: kafka.OffsetProbe
     group: str
     topic: str
     ledger: LedgerWriter
     record: RunRecord
 
     def close(self, engine: db.Engine) -> None:
-        left = kafka.backlog(self.bootstrap, self.group, self.topic)
+        left = self.probe.backlog(self.group, self.topic)
         start = {p: first for p, (first, _end) in left.items()}
-        for rec in kafka.read_range(self.bootstrap, self.topic, start, {p: end for p, (_f, end) in left.items()}):
+        for rec in kafka.read_range(self.probe.bootstrap, self.topic, start, {p: end for p, (_f, end) in left.items()}):
             self.ledger.emit(
                 Kind.RESIDUE_QUEUE,
                 op=rec.headers.get("txchaos-op") or rec.key,
