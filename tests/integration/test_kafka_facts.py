@@ -88,7 +88,7 @@ def test_a_probe_kept_open_answers_what_the_broker_holds_now(txchaos_stack: Endp
         assert probe.partitions(topic) == [0, 1]
         assert probe.backlog(group, topic) == {}
         kafka.produce(bs, topic, [(f"op-{i}", "{}") for i in range(6)])
-        ends = {p: high for p, (_low, high) in probe.watermarks(topic).items()}
+        ends = probe.end_offsets(topic)
         assert sum(ends.values()) == 6
         assert probe.backlog(group, topic) == {p: (0, end) for p, end in ends.items() if end}
         assert probe.committed(group, topic) == {0: None, 1: None}

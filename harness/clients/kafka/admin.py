@@ -76,8 +76,9 @@ class OffsetProbe:
     """The broker's answers on topics and group offsets, from clients kept open between questions.
 
     A new client pays a connection and a first metadata round before its question (about 50 ms
-    each); quiescence asks for a group's backlog every quarter second, with three such clients
-    each time. A run keeps one probe (``KafkaTransport.probe``) and asks it again and again.
+    each); quiescence asks for a group's backlog every quarter second, and each answer opened five
+    such clients (three admin clients, two consumers). A run keeps one probe
+    (``KafkaTransport.probe``) and asks it again and again.
 
     >>> with OffsetProbe(bootstrap) as probe:
     ...     probe.backlog("txchaos.r1.group", "txchaos.r1.in")
@@ -120,6 +121,10 @@ class OffsetProbe:
         except KafkaException as exc:
             raise HarnessError(f"reading the watermarks of {topic} failed: {exc}") from exc
 
+    def end_offsets(self, topic: str, timeout: float = 5.0, parts: list[int] | None = None) -> dict[int, int]:
+        """Return partition -> high watermark (the offset the next record will get)."""
+        return {p: high for p, (_low, high) in self.watermarks(topic, timeout, parts).items()}
+
     def committed(
         self, group: str, topic: str, timeout: float = 10.0, parts: list[int] | None = None
     ) -> dict[int, int | None]:
@@ -142,7 +147,7 @@ class OffsetProbe:
         parts = self.partitions(topic)
         committed = self.committed(group, topic, parts=parts)
         first = {p: committed.get(p) or 0 for p in parts}
-        ends = {p: high for p, (_low, high) in self.watermarks(topic, parts=parts).items()}
+        ends = self.end_offsets(topic, parts=parts)
         return {p: (first[p], end) for p, end in ends.items() if first[p] < end}
 
     def close(self) -> None:
@@ -166,7 +171,8 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 5.0) -> dict[int, tu
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 5.0) -> dict[int, int]:
     """Return partition -> high watermark (the offset the next record will get)."""
-    return {p: high for p, (_low, high) in watermarks(bootstrap, topic, timeout).items()}
+    with OffsetProbe(bootstrap) as probe:
+        return probe.end_offsets(topic, timeout)
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 10.0) -> dict[int, int | None]:

@@ -309,7 +309,7 @@ class SagaBooks:
             for op in db.column_values(engine, table, "op_id"):
                 s.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=table)
         for process, topic in place.requests.items():
-            ends = {p: high for p, (_low, high) in place.transport.probe.watermarks(topic).items()}
+            ends = place.transport.probe.end_offsets(topic)
             records = kafka.read_range(place.bootstrap, topic, {}, ends)
             seen: set[str] = set()
             for rec in records:
