@@ -66,7 +66,7 @@ class Soak:
             check_seconds("soak duration_s", self.duration_s, 0, 7 * 24 * 3600, above_low=True)
         check_int("soak workers", self.workers, 1, 16)
         if self.rate is not None:
-            check_seconds("soak rate (ops/s)", self.rate, 0, 1_000_000, above_low=True)
+            check_seconds("soak rate", self.rate, 0, 1_000_000, above_low=True, unit="ops/s")
         check_int("soak seed", self.seed, 0, 2**63 - 1)
         check_int("soak window", self.window, 0, MAX_OPS)
         check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)

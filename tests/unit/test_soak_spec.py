@@ -107,6 +107,16 @@ def test_a_bad_soak_is_refused_naming_the_value(fields: dict[str, object], named
         Soak(spec, **fields)  # type: ignore[arg-type]
 
 
+def test_a_bad_rate_is_refused_in_its_own_unit() -> None:
+    # The range check is shared with durations; a rate's hint said "seconds" until 2026-11-29.
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    with pytest.raises(ConfigError) as refused:
+        Soak(spec, rate=0.0)
+    assert refused.value.hint == "soak rate must be > 0 and <= 1,000,000 ops/s"
+    with pytest.raises(ConfigError, match="not a finite number of ops/s"):
+        Soak(spec, rate=float("inf"))
+
+
 def test_the_soak_runs_its_scenario_with_its_seed_and_workers_and_no_scripted_faults() -> None:
     soak = racy()
     spec = soak_spec(soak)

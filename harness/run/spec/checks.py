@@ -40,15 +40,17 @@ def check_int(label: str, value: object, low: int, high: int) -> None:
         raise ConfigError(f"{label}={value} is out of range", hint=f"choose {label} from {low:,} to {high:,}")
 
 
-def check_seconds(label: str, value: object, low: float, high: float, *, above_low: bool = False) -> None:
-    """Refuse anything but a finite number of seconds in the range (nan compares false to all)."""
+def check_seconds(
+    label: str, value: object, low: float, high: float, *, above_low: bool = False, unit: str = "seconds"
+) -> None:
+    """Refuse anything but a finite number of ``unit`` in the range (nan compares false to all)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(
-            f"{label}={value!r} is not a finite number of seconds", hint=f"write {label} as a number of seconds"
+            f"{label}={value!r} is not a finite number of {unit}", hint=f"write {label} as a number of {unit}"
         )
     if value < low or value > high or (above_low and value == low):
-        low_text = f"> {low}" if above_low else f">= {low}"
-        raise ConfigError(f"{label}={value} is out of range", hint=f"{label} must be {low_text} and <= {high} seconds")
+        low_text = f"> {low:,}" if above_low else f">= {low:,}"
+        raise ConfigError(f"{label}={value} is out of range", hint=f"{label} must be {low_text} and <= {high:,} {unit}")
 
 
 def check_identifier(label: str, value: object) -> None:
