@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from harness.bench.bare_loop import BareResult, Crew, Hand, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients.kafka import admin, create_topics, delete_topics, end_offsets
 from harness.clients.kafka.records import check
+from harness.clients.pg_array import array_literal
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -158,9 +159,11 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
             parts = [m.partition() or 0 for m in records]
             offsets = [m.offset() or 0 for m in records]
             topics = [job.topic_in] * len(records)
-            fresh = set(pg.execute(claim, (topics, parts, offsets, ops)).fetchall())
+            # Array literals, as the stage's batch handler passes them (harness.clients.pg_array).
+            keys: tuple[list[str] | list[int], ...] = (topics, parts, offsets, ops)
+            fresh = set(pg.execute(claim, tuple(array_literal(k) for k in keys)).fetchall())
             new = [i for i in range(len(records)) if (parts[i], offsets[i]) in fresh]
-            columns = (
+            columns: tuple[list[str] | list[int], ...] = (
                 [ops[i] for i in new],
                 [hand.name] * len(new),
                 [int(bodies[i].get("amount", 1)) for i in new],
@@ -168,7 +171,7 @@ def _consumer(hand: Hand, job: _Job, index: int) -> None:
                 [parts[i] for i in new],
                 [offsets[i] for i in new],
             )
-            pg.execute(apply, columns)
+            pg.execute(apply, tuple(array_literal(c) for c in columns))
             pg.commit()
             for op in ops:
                 out.produce(job.topic_out, json.dumps({"op": op, "from": "bare"}), op, tagged=True)

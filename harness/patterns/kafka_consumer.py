@@ -24,6 +24,7 @@ from functools import partial
 
 from sqlalchemy import text
 
+from harness.clients.pg_array import array_literal
 from harness.ledger.schema import Kind
 from harness.patterns.onepc import apply_effect, forward, insert, skip_or_apply
 from harness.worker.kafka_context import KafkaContext, batch_handler
@@ -72,12 +73,12 @@ def _apply_all(ctxs: list[KafkaContext]) -> None:
             "CAST(:t AS text[]), CAST(:p AS int[]), CAST(:o AS bigint[]))"
         ),
         {
-            "op": [c.op for c in ctxs],
-            "w": [c.worker for c in ctxs],
-            "a": [int(c.body.get("amount", 1)) for c in ctxs],
-            "t": [c.topic for c in ctxs],
-            "p": [c.partition for c in ctxs],
-            "o": [c.offset for c in ctxs],
+            "op": array_literal(c.op for c in ctxs),
+            "w": array_literal(c.worker for c in ctxs),
+            "a": array_literal(int(c.body.get("amount", 1)) for c in ctxs),
+            "t": array_literal(c.topic for c in ctxs),
+            "p": array_literal(c.partition for c in ctxs),
+            "o": array_literal(c.offset for c in ctxs),
         },
     )
     for c in ctxs:
@@ -107,10 +108,10 @@ def inbox_offset_batch(ctxs: list[KafkaContext]) -> None:
                 'ON CONFLICT DO NOTHING RETURNING topic, part, "offset"'
             ),
             {
-                "t": [c.topic for c in ctxs],
-                "p": [c.partition for c in ctxs],
-                "o": [c.offset for c in ctxs],
-                "op": [c.op for c in ctxs],
+                "t": array_literal(c.topic for c in ctxs),
+                "p": array_literal(c.partition for c in ctxs),
+                "o": array_literal(c.offset for c in ctxs),
+                "op": array_literal(c.op for c in ctxs),
             },
         )
         .all()

@@ -1,0 +1,33 @@
+"""Postgres array literals: a whole column of a batch as one text parameter.
+
+A batch statement that inserts many rows at once passes each column as an array and unnests it
+(``unnest(CAST(:ops AS text[]), ...)``). Passed a Python list, psycopg dumps it element by element
+in Python: for six columns of 500 rows, 4.4 ms of the client's CPU per statement, the Kafka inbox
+consumer's largest cost after its ledger. The same columns as array literals cost 1.1 ms (one
+``str.join`` each), and Postgres reads them with the array type's own input function, which an
+explicit ``CAST`` from text runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def _element(value: str | int | None) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"an array literal takes str, int or None, not {type(value).__name__}: {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    # Quoted, so that commas, braces, blanks, an empty string and the word NULL stay text.
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def array_literal(values: Iterable[str | int | None]) -> str:
+    """Return ``values`` as a one-dimensional Postgres array literal (``{"a","b"}``, ``{1,2}``).
+
+    Pass it where the statement casts it to the array type: ``CAST(:p AS text[])``, ``%s::int[]``.
+    A None element is NULL; anything but str, int or None raises TypeError.
+    """
+    return "{" + ",".join(map(_element, values)) + "}"
