@@ -176,6 +176,7 @@ class _Driver:
         self.error = ""  # what stopped the driver before its length, when an error did
         self.late_s = 0.0  # how far applying steps has pushed the rest of the schedule back
         self._restart_open = False  # a broker or database kill is among the open windows
+        self._held_since: float | None = None  # when a kill of the flow's broker began to wait for flight
         # (count out at the heal, how many more out make it recovered, when it healed)
         self._recovering: tuple[int, int, float] | None = None
         self.recover_waits: list[float] = []  # seconds each restart's heal waited for the flow
@@ -236,7 +237,7 @@ class _Driver:
             self.windows += 1
             if isinstance(step, Open) and isinstance(step.fault, KillBroker):
                 self._restart_open = True
-                self.broker_down = self.broker_down or step.fault.service == self._broker
+                self.broker_down = self.broker_down or self._restarts_flow_broker(step)
         elif isinstance(step, Heal):
             self.open_faults = [f for f in self.open_faults if f.startswith("freeze at")]
             self.broker_down = False
@@ -281,8 +282,29 @@ class _Driver:
                 self.stopped = short
                 self.progress(f"{short}; healing, quiescence, closing the books")
                 return
-        # asked every tick, due steps or not: a wait ends (and is counted) when the flow moves
+        self._apply_due()
+        want = self.target() - len(self.session.ops)
+        if want > 0 and self.submitting() and not self.broker_down:
+            self.apply(Submit(min(want, 20_000)))
+            self.last = time.monotonic()
+            self._apply_due()  # a kill of the flow's broker held for operations in flight: they are now
+        self.report(self.elapsed())
+
+    def _apply_due(self) -> None:
+        """Apply the steps due by now, in order."""
+        now = self.elapsed()
+        # asked every time, due steps or not: a wait ends (and is counted) when the flow moves
         while self.recovered() and self.due and self.due[0].at_s + self.late_s <= now:
+            if self._holds_for_flight(self.due[0].step):
+                # Nothing submits while the flow's broker is down, so its window tests only what
+                # was in flight at the kill. A paced soak is often idle between operations: killed
+                # then, the window holds no operation and the run ends unfired (exit 6). The kill
+                # waits for the next submission, and the rest of the schedule with it.
+                self._held_since = now if self._held_since is None else self._held_since
+                return
+            if self._held_since is not None:  # the held kill: its heal moves with it, the window keeps its length
+                self.late_s += now - self._held_since
+                self._held_since = None
             before = time.monotonic()
             self.apply(self.due.pop(0).step)
             # A step that takes its time (a heal restarting a killed broker: seconds) delays what
@@ -290,11 +312,17 @@ class _Driver:
             # or restarts come back to back and the flow never runs between them.
             self.late_s += time.monotonic() - before
             now = self.elapsed()
-        want = self.target() - len(self.session.ops)
-        if want > 0 and self.submitting() and not self.broker_down:
-            self.apply(Submit(min(want, 20_000)))
-            self.last = time.monotonic()
-        self.report(now)
+
+    def _restarts_flow_broker(self, step: Step | ArmAhead) -> bool:
+        """Whether ``step`` kills the broker the driver submits to (a heal restarts it)."""
+        return isinstance(step, Open) and isinstance(step.fault, KillBroker) and step.fault.service == self._broker
+
+    def _holds_for_flight(self, step: Step | ArmAhead) -> bool:
+        """Whether ``step`` kills the flow's broker while no operation is in flight, and one will be."""
+        if not self._restarts_flow_broker(step) or not self.submitting():
+            return False
+        out = self.session.out_count()
+        return out is not None and out >= len(self.session.ops)
 
     def report(self, now: float, *, force: bool = False) -> None:
         if now < self._next_report and not force:

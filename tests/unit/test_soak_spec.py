@@ -250,6 +250,50 @@ def test_the_driver_counts_the_windows_the_ledger_holds_and_a_freeze_at_a_point_
     driver._pace.close()
 
 
+def test_a_kill_of_the_flows_broker_waits_for_operations_in_flight(tmp_path: Path) -> None:
+    """A paced soak is idle between operations; nothing submits while its broker is down. Killed
+    then, the window held no operation and the run ended unfired (exit 6): `--rate 100 --duration
+    20s --workers 2` did that on 2026-11-29. The kill now comes right after a submission."""
+    from harness.run.spec.steps import Submit
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    kill = Open(KillBroker("activemq"), None)
+    pg_kill = Open(KillBroker("postgres"), None)
+    schedule = Schedule(("broker", "postgres"), 0, (Timed(1.0, kill), Timed(4.0, Heal()), Timed(5.0, pg_kill)))
+    session = _Session(tmp_path)
+    driver = _Driver(Soak(spec, duration_s=60, rate=10), session, schedule, progress=lambda _: None)  # type: ignore[arg-type]
+    driver.first = driver.last = time.monotonic()
+    clock = [0.0]
+    driver.elapsed = lambda: clock[0]  # type: ignore[method-assign]
+    driver.tick()  # the first operation goes out; nothing is due
+    assert [type(s) for s in session.applied] == [Submit]
+    session.apply(Submit(10))  # 10 ops/s: up to the 11th at 1.0 s went out, and all came out
+    session.out = 11
+    clock[0] = 1.05  # the kill is due, and no operation is
+    driver.tick()
+    assert kill not in session.applied  # held: its window would test nothing
+    assert driver.late_s == 0.0
+    clock[0] = 1.25  # the 13th operation is due: submitted, then the kill while it is in flight
+    driver.tick()
+    assert session.applied[-2:] == [Submit(2), kill]
+    assert driver.broker_down
+    assert driver.late_s == pytest.approx(0.2, abs=0.05)  # held 1.05 -> 1.25 s: the heal moves with it
+    clock[0] = 4.1
+    driver.tick()
+    assert Heal() not in session.applied  # due at 4.0 + 0.2
+    clock[0] = 4.3
+    driver.tick()
+    assert Heal() in session.applied
+    # Postgres killed while nothing is in flight is not held: the driver goes on submitting into it.
+    session.out = len(session.ops)
+    driver._recovering = None
+    clock[0] = 5.3
+    driver.tick()
+    assert session.applied[-1] == pg_kill or session.applied[-2] == pg_kill
+    driver._pace.close()
+
+
 def _latency() -> tuple[object, str]:
     from harness.faults import Latency
 
