@@ -177,6 +177,7 @@ class _Driver:
         self.late_s = 0.0  # how far applying steps has pushed the rest of the schedule back
         self._restart_open = False  # a broker or database kill is among the open windows
         self._held_since: float | None = None  # when a kill of the flow's broker began to wait for flight
+        self._submitted_now = False  # this tick submitted: operations are in flight
         # (count out at the heal, how many more out make it recovered, when it healed)
         self._recovering: tuple[int, int, float] | None = None
         self.recover_waits: list[float] = []  # seconds each restart's heal waited for the flow
@@ -282,11 +283,13 @@ class _Driver:
                 self.stopped = short
                 self.progress(f"{short}; healing, quiescence, closing the books")
                 return
+        self._submitted_now = False
         self._apply_due()
         want = self.target() - len(self.session.ops)
         if want > 0 and self.submitting() and not self.broker_down:
             self.apply(Submit(min(want, 20_000)))
             self.last = time.monotonic()
+            self._submitted_now = True
             self._apply_due()  # a kill of the flow's broker held for operations in flight: they are now
         self.report(self.elapsed())
 
@@ -318,11 +321,15 @@ class _Driver:
         return isinstance(step, Open) and isinstance(step.fault, KillBroker) and step.fault.service == self._broker
 
     def _holds_for_flight(self, step: Step | ArmAhead) -> bool:
-        """Whether ``step`` kills the flow's broker while no operation is in flight, and one will be."""
+        """Whether ``step`` kills the flow's broker while no operation is in flight, and one will be.
+
+        A flow that cannot count what came out (a saga) has operations in flight right after a
+        submission: its kill waits for one.
+        """
         if not self._restarts_flow_broker(step) or not self.submitting():
             return False
         out = self.session.out_count()
-        return out is not None and out >= len(self.session.ops)
+        return not self._submitted_now if out is None else out >= len(self.session.ops)
 
     def report(self, now: float, *, force: bool = False) -> None:
         if now < self._next_report and not force:

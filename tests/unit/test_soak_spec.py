@@ -294,6 +294,32 @@ def test_a_kill_of_the_flows_broker_waits_for_operations_in_flight(tmp_path: Pat
     driver._pace.close()
 
 
+def test_a_flow_that_cannot_count_its_outputs_has_its_broker_killed_right_after_a_submission(tmp_path: Path) -> None:
+    # A saga's session says None for what came out: in flight is known only right after a submission.
+    from harness.run.spec.steps import Submit
+    from harness.soak.driver import _Driver
+
+    class _Uncounted(_Session):
+        def out_count(self) -> None:  # type: ignore[override]
+            return None
+
+    (spec,) = resolve("kafka_saga:fixed", 0, SCENARIOS)
+    kill = Open(KillBroker("kafka"), None)
+    session = _Uncounted(tmp_path)
+    driver = _Driver(
+        Soak(spec, duration_s=60, rate=10), session, Schedule(("broker",), 0, (Timed(1.0, kill),)), lambda _: None
+    )  # type: ignore[arg-type]
+    driver.first = driver.last = time.monotonic()
+    session.apply(Submit(11))  # up to 1.0 s at 10 ops/s
+    driver.elapsed = lambda: 1.05  # type: ignore[method-assign]
+    driver.tick()
+    assert kill not in session.applied
+    driver.elapsed = lambda: 1.25  # type: ignore[method-assign]
+    driver.tick()
+    assert session.applied[-2:] == [Submit(2), kill]
+    driver._pace.close()
+
+
 def _latency() -> tuple[object, str]:
     from harness.faults import Latency
 
