@@ -153,6 +153,30 @@ def test_a_crashed_members_batch_comes_back(txchaos_stack: Endpoints, static: bo
     assert generation == dead_generation if static else generation > dead_generation
 
 
+def test_a_static_member_fenced_by_its_own_instance_id_raises_instead_of_polling_on(txchaos_stack: Endpoints) -> None:
+    """A second member with the same ``group.instance.id`` fences the first (a rejoin racing a broker
+    restart does it too). The fenced one's consume hands back an error of code _FATAL whose
+    ``fatal()`` is False: taken for a passing error, its worker polled a dead consumer on."""
+    from harness.errors import HarnessError
+
+    bs, topic, group = txchaos_stack.kafka.address, _topic(txchaos_stack), f"g-{uuid.uuid4().hex[:8]}"
+    first = GroupConsumer(bs, group, [topic], instance_id="member-a")
+    second: GroupConsumer | None = None
+    try:
+        assert len(_poll(first, 10)) == 10
+        second = GroupConsumer(bs, group, [topic], instance_id="member-a")
+        second.poll_batch(1, 1.0)  # its join fences the first
+        with pytest.raises(HarnessError, match="fenced") as raised:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                first.poll_batch(10, 0.2)
+        assert "Static consumer fenced" in str(raised.value)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
 def _copy_in_transaction(
     producer: OutputProducer, consumer: GroupConsumer, records: list[kafka.Record], source: str, out: str
 ) -> None:

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
 from harness import Crash
 from harness.clients.kafka import GroupMember, Record, dlt_name, parse_group_metadata
+from harness.clients.kafka.records import check
+from harness.errors import HarnessError
 from harness.worker.high_water import HighWater
 from harness.worker.kafka_context import op_of
 from harness.worker.kafka_options import KAFKA_POINTS, KafkaStageOptions
@@ -72,6 +75,39 @@ def test_group_metadata_yields_member_and_generation() -> None:
     assert parse_group_metadata(blob) == GroupMember("rdkafka-5e0c-8729", 7)
     assert parse_group_metadata(b"something else") is None
     assert parse_group_metadata(b"CGMDv2:\x01") is None
+
+
+class _Errored:
+    """What ``consume`` hands back for an error: a message whose ``error()`` is set."""
+
+    def __init__(self, err: KafkaError) -> None:
+        self._err = err
+
+    def error(self) -> KafkaError:
+        return self._err
+
+
+FENCED = "Fatal error: Broker: Static consumer fenced by other consumer with same group.instance.id"
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        # as librdkafka 2.x hands a fenced static member to confluent-kafka: _FATAL, fatal() False
+        KafkaError(KafkaError._FATAL, FENCED, fatal=False),
+        KafkaError(KafkaError.FENCED_INSTANCE_ID, FENCED, fatal=True),
+    ],
+)
+def test_a_fenced_consumer_ends_the_worker(err: KafkaError) -> None:
+    # A saga soak under broker restarts left its payment worker polling a fenced consumer for two
+    # minutes: the error was taken for a passing one, the worker never exited to be restarted.
+    with pytest.raises(HarnessError, match="Static consumer fenced"):
+        check(_Errored(err))  # type: ignore[arg-type]
+
+
+def test_a_passing_consumer_error_is_not_a_crash() -> None:
+    for code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._PARTITION_EOF):
+        assert check(_Errored(KafkaError(code, "broker down"))) is False  # type: ignore[arg-type]
 
 
 def test_record_ids_and_dead_letter_topic() -> None:

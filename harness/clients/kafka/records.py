@@ -64,7 +64,10 @@ def check(msg: Message) -> bool:
         return True
     if err.code() == KafkaError._PARTITION_EOF:
         return False
-    if err.fatal():
+    # A static member fenced by another with its group.instance.id (a rejoin racing a broker
+    # restart does it) comes as code _FATAL with fatal() False (confluent-kafka-python issue 869).
+    # Taken for a passing error, it left a worker polling a dead consumer for the rest of a soak.
+    if err.fatal() or err.code() == KafkaError._FATAL:
         raise HarnessError(f"Kafka consumer error: {err}", hint="read the worker log; the broker may be down")
     # Anything else (a broker or proxy down, a reconnect) librdkafka recovers from by itself: a
     # network fault must not look like a consumer crash.
