@@ -23,6 +23,7 @@ from typing import Any
 from harness.clients import db
 from harness.clients.db import Connection
 from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
+from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
 from harness.worker.base import WorkerRuntime, load_handler
@@ -141,7 +142,9 @@ class KafkaStageWorker(WorkerRuntime):
         transactional = f"{self.group}.{self.spec.name}" if self.opts.commit == "transaction" else None
         # One transactional id per worker name: a restarted worker fences its dead predecessor
         # and aborts the transaction it left open.
-        self.producer = OutputProducer(self.bootstrap, transactional_id=transactional, client_id=self.spec.name)
+        self.producer = OutputProducer(
+            self.bootstrap, transactional_id=transactional, client_id=self.spec.name, on_hung=self._hung
+        )
         while not self.stop.is_set():  # one pass per group membership: a forced disconnect rejoins
             self.consumer = self._join()
             self.ready(group=self.group)
@@ -154,6 +157,11 @@ class KafkaStageWorker(WorkerRuntime):
                 pass
             self.consumer.close()  # leaves the group: its partitions move at once
             self.pending.clear()
+
+    def _hung(self, what: str) -> None:
+        """A transaction call librdkafka left blocked (``hung.py``): in the ledger, then the process ends."""
+        self.ledger.emit(Kind.ERROR, stage=self.spec.stage, dest=self.spec.input_queue, error=what[:500], fatal=True)
+        end_process(what)
 
     def _deliver(self, records: list[Record]) -> list[str]:
         """Write a deliver event per record handed over; return their operation ids."""

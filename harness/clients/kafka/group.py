@@ -7,6 +7,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from harness.clients.kafka.hung import CallWatch, end_process
 from harness.clients.kafka.records import (
     TP,
     GroupMember,
@@ -173,7 +174,8 @@ class OutputProducer:
     Delivery errors are collected and raised by ``flush``. A transactional producer wraps each
     batch: ``begin()``, ``produce(...)``, ``send_offsets(offsets, consumer)``, ``commit()``. A
     restarted worker that uses the same ``transactional_id`` fences its dead predecessor and
-    aborts whatever transaction it left open (``init_transactions``).
+    aborts whatever transaction it left open (``init_transactions``). A transaction call still
+    blocked well past ``timeout_s`` calls ``on_hung`` (by default: end the process; ``hung.py``).
     """
 
     def __init__(
@@ -185,6 +187,7 @@ class OutputProducer:
         timeout_s: float = 15.0,
         client_id: str = "txchaos-producer",
         log_level: int = 3,
+        on_hung: Callable[[str], None] = end_process,
     ) -> None:
         config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -204,6 +207,8 @@ class OutputProducer:
         self._producer = Producer(config)
         self._errors: list[str] = []
         self.acked = 0
+        # The transaction calls, each bounded at timeout_s, that librdkafka may leave blocked past it.
+        self._watch = CallWatch(timeout_s, on_hung) if transactional_id else None
         if transactional_id:
             self._call("init_transactions", lambda: self._producer.init_transactions(timeout_s))
 
@@ -240,7 +245,10 @@ class OutputProducer:
 
     def _call(self, what: str, call: Callable[[], None]) -> None:
         try:
-            call()
+            if self._watch is None:
+                call()
+            else:
+                self._watch.run(what, call)
         except KafkaException as exc:
             raise HarnessError(f"Kafka {what} failed: {exc}") from exc
 
@@ -262,4 +270,6 @@ class OutputProducer:
         self._call("abort_transaction", lambda: self._producer.abort_transaction(self.timeout_s))
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self._producer.flush(1.0)
