@@ -290,7 +290,8 @@ class _Driver:
             self.apply(Submit(min(want, 20_000)))
             self.last = time.monotonic()
             self._submitted_now = True
-            self._apply_due()  # a kill of the flow's broker held for operations in flight: they are now
+            if self._held_since is not None:  # a kill of the flow's broker held for operations in flight: they are now
+                self._apply_due()
         self.report(self.elapsed())
 
     def _apply_due(self) -> None:
