@@ -2,10 +2,10 @@
 
 A batch statement that inserts many rows at once passes each column as an array and unnests it
 (``unnest(CAST(:ops AS text[]), ...)``). Passed a Python list, psycopg dumps it element by element
-in Python: for six columns of 500 rows, 4.4 ms of the client's CPU per statement, the Kafka inbox
-consumer's largest cost after its ledger. The same columns as array literals cost 1.1 ms (one
-``str.join`` each), and Postgres reads them with the array type's own input function, which an
-explicit ``CAST`` from text runs.
+in Python: for six columns of 500 rows, 4.1-4.9 ms of the client's CPU per statement, the Kafka
+inbox consumer's largest cost after its ledger. The same columns as array literals cost 1.3-1.8 ms
+(docs/benchmarks.md has the command), and Postgres reads them with the array type's own input
+function, which an explicit ``CAST`` from text runs.
 """
 
 from __future__ import annotations
