@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
 
 
+SCENARIO_HELP = (
+    "NAME[:VARIANT] from scenarios/ (e.g. onepc_crash_gap:naive; a bad name lists them), or a scenario file's path"
+)
+SEED_HELP = "seeds every random choice; the same seed replays the same run (default 0)"
+
+
 def _seed(value: str) -> int:
     try:
         seed = int(value)
@@ -247,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show the running stack and probe each service").set_defaults(func=cmd_status)
 
     p = sub.add_parser("run", help="run SCENARIO[:VARIANT]; writes a run folder and prints its verdict")
-    p.add_argument("scenario")
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("scenario", help=SCENARIO_HELP)
+    p.add_argument("--seed", type=_seed, default=0, help=SEED_HELP)
     p.add_argument("--provider", choices=("auto", "local", "docker"), default=None)
     p.set_defaults(func=cmd_run)
 

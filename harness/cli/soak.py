@@ -29,8 +29,10 @@ LOG_EVERY_S = 10.0  # between progress lines when the output is not a terminal
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: object) -> None:
+    from harness.cli import SCENARIO_HELP, SEED_HELP
+
     p = sub.add_parser("soak", help="a long run of SCENARIO[:VARIANT] under a fault schedule; one verdict")
-    p.add_argument("scenario")
+    p.add_argument("scenario", help=SCENARIO_HELP)
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", default=None, help="how long to submit: 90s, 10m, 1h (default 60s)")
     bound.add_argument("--ops", type=int, default=None, help="how many operations to submit")
@@ -43,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: o
         help="closed loop: operations in flight at most (default 50 per worker, at least 200, and four "
         "batches per partition for a flow that consumes in batches)",
     )
-    p.add_argument("--seed", type=seed, default=0)  # type: ignore[arg-type]
+    p.add_argument("--seed", type=seed, default=0, help=SEED_HELP)  # type: ignore[arg-type]
     p.add_argument(
         "--nemesis",
         default="default",
