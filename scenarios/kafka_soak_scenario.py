@@ -49,3 +49,16 @@ def test_restarts_named_alone_let_the_consumer_group_recover_between_them(txchao
     before_first = calm_spans[0][-1] if calm_spans[0] else 0
     after_first = max(max(span) for span in calm_spans[1:] if span) - before_first
     assert after_first > before_first, calm_spans
+
+
+def test_a_replica_with_nothing_downstream_is_fed_as_its_group_commits(txchaos_soak) -> None:  # type: ignore[no-untyped-def]
+    # A CQRS replica writes no output. The closed loop used to wait for an output count that never
+    # grew: it submitted one window (200 events) and nothing more for the rest of the soak.
+    (spec,) = resolve("kafka_cqrs:versioned", 1, HERE)
+    soak = Soak(spec, duration_s=8.0, workers=1, nemesis=(), seed=1)
+    result = txchaos_soak(soak)
+    assert result.verdict.clean, result.verdict.headline()
+    assert result.stats.submitted > 2 * soak.in_flight, (result.stats, soak.in_flight)
+    # The count the loop waited on is the group's: what it committed, every event in the end.
+    lines = [json.loads(line) for line in (result.run_dir / PACE_LOG).read_text().splitlines()]
+    assert max(line["out"] for line in lines) > soak.in_flight, lines[-3:]

@@ -60,7 +60,9 @@ class Topics(SinkTopology):
     def provision(self) -> None:
         self.transport.create([self.input_topic, self.output_topic, self.dlt])
         output = self.output_topic if self.session.spec.contract.expects_downstream else None
-        self.sink = KafkaSink(self.bootstrap, self.session.ledger, input_topic=self.input_topic, output_topic=output)
+        self.sink = KafkaSink(
+            self.bootstrap, self.session.ledger, input_topic=self.input_topic, output_topic=output, group=self.group
+        )
         self.sink.start()
 
     def announce(self) -> None:

@@ -15,6 +15,10 @@ from harness.run.transports.base import RunRecord
 from harness.run.transports.sink import SinkBase
 from harness.worker.kafka_context import op_of
 
+# How often a sink with nothing downstream asks for its group's committed offsets, and how long it waits.
+PROGRESS_EVERY_S = 0.5
+PROGRESS_TIMEOUT_S = 1.0
+
 
 class KafkaSink(SinkBase):
     """Read ``output_topic`` (if any) and ``input_topic``'s ``-dlt`` from the start, in a thread.
@@ -22,9 +26,22 @@ class KafkaSink(SinkBase):
     It reads ``read_committed`` outside any consumer group: the view of a downstream consumer,
     which never sees the records of an aborted transaction. Each record is one ``downstream``
     or ``dead_letter`` event with its partition and offset.
+
+    A flow with nothing downstream (a replica) has no output to count. Given its ``group``, the
+    sink counts what its group committed on the input instead: a record is done once its
+    offset is committed after the work. A soak's closed loop waits for that count, so it submits
+    more as the group commits.
     """
 
-    def __init__(self, bootstrap: str, ledger: LedgerWriter, *, input_topic: str, output_topic: str | None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        ledger: LedgerWriter,
+        *,
+        input_topic: str,
+        output_topic: str | None,
+        group: str | None = None,
+    ) -> None:
         topics = {dlt_name(input_topic): Kind.DEAD_LETTER}
         if output_topic:
             topics[output_topic] = Kind.DOWNSTREAM
@@ -34,10 +51,19 @@ class KafkaSink(SinkBase):
         # When the sink last found itself read to the end of every topic with nothing new since.
         self._caught_up_at: float | None = None
         self._reader = TopicReader(bootstrap, list(self.topics), client_id="txchaos-sink")
+        self.input_topic = input_topic
+        self._group = None if output_topic else group
+        self._committed = 0  # records of the input the group committed, when nothing is downstream
+        self._parts: list[int] = []
 
     def _run(self) -> None:
+        probe = kafka.OffsetProbe(self.bootstrap) if self._group else None
+        next_progress = 0.0
         try:
             while not self._stop.is_set():
+                if probe is not None and time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + PROGRESS_EVERY_S
+                    self._read_progress(probe)
                 records = self._reader.poll(500, 0.05)
                 if not records:
                     now = time.monotonic()
@@ -68,6 +94,26 @@ class KafkaSink(SinkBase):
             self._error = exc
         finally:
             self._reader.close()
+            if probe is not None:
+                probe.close()
+
+    def _read_progress(self, probe: kafka.OffsetProbe) -> None:
+        """Count the input records the group committed; under a fault, the last count stands."""
+        assert self._group is not None
+        try:
+            self._parts = self._parts or probe.partitions(self.input_topic, PROGRESS_TIMEOUT_S)
+            committed = probe.committed(self._group, self.input_topic, PROGRESS_TIMEOUT_S, parts=self._parts)
+        except HarnessError:
+            return
+        with self._lock:
+            self._committed = max(self._committed, sum(offset or 0 for offset in committed.values()))
+
+    def count(self) -> int:
+        """Return how many operations came out so far (with nothing downstream: how many the group committed)."""
+        if self._group is None:
+            return super().count()
+        with self._lock:
+            return self._committed
 
     def _caught_up(self) -> bool:
         """Return whether the reader is at the end of every topic; not while the broker cannot say.
