@@ -69,6 +69,11 @@ class Soak:
             check_seconds("soak rate", self.rate, 0, 1_000_000, above_low=True, unit="ops/s")
         check_int("soak seed", self.seed, 0, 2**63 - 1)
         check_int("soak window", self.window, 0, MAX_OPS)
+        if self.window and self.rate is not None:
+            raise ConfigError(
+                f"soak window={self.window} with rate={self.rate:g}",
+                hint="the window bounds the closed loop only: drop the window, or the rate for a closed loop",
+            )
         check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)
         check_seconds("soak tick_s", self.tick_s, 0.01, 10)
         if self.expect is not None and not isinstance(self.expect, frozenset):

@@ -99,6 +99,7 @@ def test_nemesis_kinds_parse_and_a_bad_one_is_named() -> None:
         ({"nemesis": "latency"}, "soak nemesis='latency'"),
         ({"nemesis": ("latency", "flood")}, "flood"),
         ({"expect": {"lost"}}, "soak expect"),
+        ({"rate": 5.0, "window": 10}, "soak window=10 with rate=5"),
     ],
 )
 def test_a_bad_soak_is_refused_naming_the_value(fields: dict[str, object], named: str) -> None:
