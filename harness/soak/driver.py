@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import paths
+from harness.errors import ConfigError
 from harness.faults import KillBroker
 from harness.protocols import proxies
 from harness.run.core.outcome import RunResult
@@ -31,7 +32,7 @@ from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.compacting import LiveCompaction
-from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, plan
+from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, foreign, plan
 from harness.soak.room import Room, check_room
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
@@ -117,25 +118,36 @@ def _broker_of(spec: ScenarioSpec) -> str | None:
 
 
 def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
-    """Return the soak's schedule: the one it was given, or one drawn from its kinds and seed."""
-    if isinstance(soak.nemesis, Schedule):
-        return soak.nemesis
-    if not soak.nemesis:
+    """Return the soak's schedule: the one it was given (refused when it names what this flow does
+    not have), or one drawn from its kinds and seed."""
+    if not isinstance(soak.nemesis, Schedule) and not soak.nemesis:
         return NONE
     transport = spec.flow.transport.removeprefix("service_")
     targets = proxies(_BROKER_PROTOCOL.get(transport, "stomp"), "postgres")
+    broker = _broker_of(spec) or "activemq"
     instances = spec.service.instances if spec.service is not None else max(1, spec.workers)
+    points = tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
+    points = points if spec.service is None else ()
+    if isinstance(soak.nemesis, Schedule):
+        found = foreign(soak.nemesis, targets=targets, broker=broker, instances=instances, points=points)
+        if found:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            raise ConfigError(
+                f"the nemesis schedule names what {spec.label} does not have: {'; '.join(found[:3])}{more}",
+                hint="replay a nemesis.json on the scenario whose soak wrote it (its soak.json names it), "
+                "or draw one for this flow: --nemesis default or a list of kinds",
+            )
+        return soak.nemesis
     # By operations, the run may take longer than estimated: draw enough to keep the nemesis busy.
     length = soak.length_s if soak.duration_s is not None else soak.length_s * 4
-    points = tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
     return plan(
         soak.nemesis,
         seed=soak.seed,
         length_s=length,
         targets=targets,
-        broker=_broker_of(spec) or "activemq",
+        broker=broker,
         instances=instances,
-        points=points if spec.service is None else (),
+        points=points,
         pace=soak.pace,
     )
 

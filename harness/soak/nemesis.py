@@ -48,6 +48,7 @@ RESTARTS = ("broker", "postgres")
 FREEZE_POINTS = ("before_db_commit",)  # inside the transaction, its outputs sent in it
 PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-beats (1 s) stop
 NETWORK = ("latency", "reset", "partition", "timeout")
+PG = "postgres"  # the service a "postgres" window restarts
 SCHEDULE_FILE = "nemesis.json"
 
 
@@ -222,6 +223,32 @@ def plan(
     return Schedule(tuple(kinds), seed, tuple(entries))
 
 
+def foreign(
+    schedule: Schedule, *, targets: tuple[str, ...], broker: str, instances: int, points: tuple[str, ...]
+) -> list[str]:
+    """Return the steps of ``schedule`` a flow with these services, instances and points cannot take.
+
+    A schedule written by a soak of another flow may open a fault on a proxy this one never
+    passes through, or kill a broker it does not use: the window would test nothing, yet count.
+    """
+    found = []
+    for timed in schedule.entries:
+        step, at = timed.step, f"at {timed.at_s:g}s"
+        if isinstance(step, Open) and step.target is not None and step.target not in targets:
+            found.append(f"{type(step.fault).__name__} on {step.target} {at}")
+        elif (
+            isinstance(step, Open)
+            and isinstance(step.fault, KillBroker)
+            and step.fault.service not in (broker, "postgres")
+        ):
+            found.append(f"kill -9 of {step.fault.service} {at}")
+        elif isinstance(step, Kill | Freeze) and step.instance >= instances:
+            found.append(f"{type(step).__name__.lower()} of instance {step.instance} {at} (this soak has {instances})")
+        elif isinstance(step, ArmAhead) and step.crash.point not in points:
+            found.append(f"{step.crash.action} at {step.crash.point} {at}")
+    return found
+
+
 def _fault(kind: str, rng: random.Random, targets: tuple[str, ...], broker: str) -> tuple[object, str | None]:
     """Return (fault, target) of a window of ``kind``."""
     match kind:
@@ -236,5 +263,5 @@ def _fault(kind: str, rng: random.Random, targets: tuple[str, ...], broker: str)
         case "broker":
             return KillBroker(broker), None
         case "postgres":
-            return KillBroker("postgres"), None
+            return KillBroker(PG), None
     raise ConfigError(f"nemesis kind {kind!r} has no fault", hint=f"use one of {', '.join(KINDS)}")

@@ -135,6 +135,25 @@ def test_the_soak_runs_its_scenario_with_its_seed_and_workers_and_no_scripted_fa
     assert restarted <= {"activemq", "postgres"}
 
 
+def test_a_schedule_replayed_on_another_flow_is_refused_naming_what_it_lacks() -> None:
+    # Drawn for the ActiveMQ stage with 3 workers, saved and loaded as `--nemesis FILE` would.
+    drawn = schedule_of(racy(), soak_spec(racy()))
+    saved = Schedule.from_records(json.loads(json.dumps(drawn.to_records())))
+    (own,) = resolve("onepc_crash_gap:check-then-skip", 4, SCENARIOS)
+    replay = Soak(own, workers=3, seed=4, nemesis=saved)
+    assert schedule_of(replay, soak_spec(replay)) == saved  # on the flow that wrote it: taken as it is
+    # On Kafka, its ActiveMQ windows would open on a proxy the flow never uses and count as tested.
+    (kafka,) = resolve("kafka_consumer:inbox-offset", 4, SCENARIOS)
+    elsewhere = Soak(kafka, workers=3, seed=4, nemesis=saved)
+    with pytest.raises(ConfigError, match=r"kafka_consumer:inbox-offset does not have: .*activemq") as refused:
+        schedule_of(elsewhere, soak_spec(elsewhere))
+    assert "--nemesis default" in str(refused.value.hint)
+    # With fewer workers, a kill of an instance the soak does not have.
+    fewer = Soak(own, workers=1, seed=4, nemesis=saved)
+    with pytest.raises(ConfigError, match=r"of instance [12] at .* \(this soak has 1\)"):
+        schedule_of(fewer, soak_spec(fewer))
+
+
 def test_the_default_mix_restarts_the_broker_and_the_database_spaced_and_alone_at_pace() -> None:
     def restarts(kinds: tuple[str, ...], pace: Pace = DEFAULT_PACE) -> list[tuple[float, str]]:
         points = ("before_db_commit",)
