@@ -184,7 +184,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from harness.run.core.replay import load_steps, replay, spec_of_folder
+    from harness.soak.driver import SUMMARY, again_command
 
+    if (Path(args.run_dir) / SUMMARY).is_file():  # a soak's steps fall due by its clock, not one after another
+        raise ConfigError(
+            f"{args.run_dir} is a soak's folder: its steps ran on the schedule's clock, not as a list to replay",
+            hint=f"run the soak again on the same schedule: {again_command(Path(args.run_dir))}",
+        )
     steps = load_steps(Path(args.run_dir))  # a folder without steps is refused before any service starts
     spec = spec_of_folder(Path(args.run_dir), args.scenario)
     with running_stack(args.provider) as endpoints, console.status(f"replaying {len(steps)} steps of {spec.label}"):

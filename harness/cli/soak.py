@@ -133,7 +133,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
             # where a status line would show nothing at all until the soak ends.
             progress, every = (status.update, 1.0) if console.is_terminal else (console.print, LOG_EVERY_S)
             result = run_soak(soak, endpoints, progress=progress, progress_every_s=every)
-        code = show_soak(result)
+        code = show_soak(result, args.scenario)
         if args.engine == "spark" and result.verdict.outcome != "incomplete":
             code = max(code, _spark_agrees(result, args.master))
     if result.stats.interrupted:
@@ -141,7 +141,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return code
 
 
-def show_soak(result: SoakResult) -> int:
+def show_soak(result: SoakResult, scenario: str | None = None) -> int:
     """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
     from harness.reporting.soak_plots import render_soak
     from harness.soak.driver import RECOVER_S
@@ -167,7 +167,7 @@ def show_soak(result: SoakResult) -> int:
             )
         )
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
-    from harness.soak.driver import SUMMARY
+    from harness.soak.driver import SUMMARY, again_command
 
     # the sample the driver wrote into soak.json: its kills were read from the ledger once, there
     sample: dict[str, list[dict[str, Any]]] = json.loads((result.run_dir / SUMMARY).read_text())["witnesses"]
@@ -183,7 +183,7 @@ def show_soak(result: SoakResult) -> int:
     elif stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:
-        console.print(f"  again: txchaos soak ... --nemesis {result.run_dir / 'nemesis.json'}")
+        console.print(f"  again: {again_command(result.run_dir, scenario)}")
     return 0 if verdict.clean else verdict.exit_code
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shlex
 import time
 import traceback
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.compacting import LiveCompaction
-from harness.soak.nemesis import NONE, ArmAhead, Schedule, Timed, foreign, plan
+from harness.soak.nemesis import NONE, SCHEDULE_FILE, ArmAhead, Schedule, Timed, foreign, plan
 from harness.soak.room import Room, check_room
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
@@ -469,6 +470,22 @@ def resident_mb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * resource.getpagesize() / 1e6
+
+
+def again_command(run_dir: Path, scenario: str | None = None) -> str:
+    """Return the ``txchaos soak`` command that runs the soak of ``run_dir`` again, from its ``soak.json``:
+    its scenario (``scenario``: as the user named it), bound, workers, pace, seed and schedule."""
+    ran = json.loads((run_dir / SUMMARY).read_text())
+    words = ["txchaos", "soak", scenario or ran["scenario"]]
+    if ran.get("ops"):
+        words += ["--ops", str(ran["ops"])]
+    elif ran.get("duration_s"):
+        words += ["--duration", f"{ran['duration_s']:g}s"]
+    words += ["--workers", str(ran["workers"])]
+    if ran.get("rate"):
+        words += ["--rate", f"{ran['rate']:g}"]
+    words += ["--seed", str(ran["seed"]), "--nemesis", str(run_dir / SCHEDULE_FILE)]
+    return shlex.join(words)
 
 
 def write_summary(result: SoakResult) -> Path:

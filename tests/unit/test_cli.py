@@ -171,3 +171,26 @@ def test_every_soak_command_in_the_soak_guide_is_accepted(monkeypatch: pytest.Mo
     assert len(commands) >= 4, commands
     for command in commands:
         build_soak(build_parser().parse_args(shlex.split(command)))
+
+
+def test_replaying_a_soak_folder_is_refused_with_the_soak_that_runs_it_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import json
+    import shlex
+
+    from harness.soak.driver import SUMMARY
+
+    folder = tmp_path / "20261130-002151-kafka_consumer-inbox-offset-s0-9fc6"
+    folder.mkdir()
+    (folder / "steps.jsonl").write_text('{"step": "submit", "count": 200, "poison": false, "extra": {}}\n')
+    ran = {"scenario": "kafka_consumer:inbox-offset", "ops": None, "duration_s": 30.0, "workers": 3, "rate": 5.0}
+    (folder / SUMMARY).write_text(json.dumps({**ran, "seed": 7}))
+    assert main(["replay", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "is a soak's folder" in err
+    again = err[err.index("txchaos soak") :].split()
+    nemesis = str(folder / "nemesis.json")
+    assert again == shlex.split(
+        f"txchaos soak kafka_consumer:inbox-offset --duration 30s --workers 3 --rate 5 --seed 7 --nemesis {nemesis}"
+    )
