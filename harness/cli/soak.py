@@ -133,7 +133,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
             # where a status line would show nothing at all until the soak ends.
             progress, every = (status.update, 1.0) if console.is_terminal else (console.print, LOG_EVERY_S)
             result = run_soak(soak, endpoints, progress=progress, progress_every_s=every)
-        code = show_soak(result, args.scenario)
+        code = show_soak(result, args.scenario, args.option or [])
         if args.engine == "spark" and result.verdict.outcome != "incomplete":
             code = max(code, _spark_agrees(result, args.master))
     if result.stats.interrupted:
@@ -141,7 +141,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return code
 
 
-def show_soak(result: SoakResult, scenario: str | None = None) -> int:
+def show_soak(result: SoakResult, scenario: str | None = None, options: list[str] | None = None) -> int:
     """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
     from harness.reporting.soak_plots import render_soak
     from harness.soak.driver import RECOVER_S
@@ -183,7 +183,7 @@ def show_soak(result: SoakResult, scenario: str | None = None) -> int:
     elif stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:
-        console.print(f"  again: {again_command(result.run_dir, scenario)}")
+        console.print(f"  again: {again_command(result.run_dir, scenario, options)}")
     return 0 if verdict.clean else verdict.exit_code
 
 

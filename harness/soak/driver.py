@@ -472,9 +472,10 @@ def resident_mb() -> float:
     return pages * resource.getpagesize() / 1e6
 
 
-def again_command(run_dir: Path, scenario: str | None = None) -> str:
+def again_command(run_dir: Path, scenario: str | None = None, options: list[str] | None = None) -> str:
     """Return the ``txchaos soak`` command that runs the soak of ``run_dir`` again, from its ``soak.json``:
-    its scenario (``scenario``: as the user named it), bound, workers, pace, seed and schedule."""
+    its scenario (``scenario``: as the user named it), bound, workers, pace, options (``options``: the
+    ``--option`` values as given; else every option it ran with), seed and schedule."""
     ran = json.loads((run_dir / SUMMARY).read_text())
     words = ["txchaos", "soak", scenario or ran["scenario"]]
     if ran.get("ops"):
@@ -484,8 +485,24 @@ def again_command(run_dir: Path, scenario: str | None = None) -> str:
     words += ["--workers", str(ran["workers"])]
     if ran.get("rate"):
         words += ["--rate", f"{ran['rate']:g}"]
+    if options is None:
+        options = [
+            f"{k}={v if isinstance(v, str) and not _reads_as_json(v) else json.dumps(v)}"
+            for k, v in ran.get("options", {}).items()
+        ]
+    for option in options:
+        words += ["--option", option]
     words += ["--seed", str(ran["seed"]), "--nemesis", str(run_dir / SCHEDULE_FILE)]
     return shlex.join(words)
+
+
+def _reads_as_json(text: str) -> bool:
+    """Whether ``--option KEY=text`` would be read as a JSON value rather than as the text itself."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def write_summary(result: SoakResult) -> Path:
@@ -499,6 +516,7 @@ def write_summary(result: SoakResult) -> Path:
         "workers": soak.workers,
         "rate": soak.rate,
         "seed": soak.seed,
+        "options": dict(soak.scenario.options),
         "nemesis": list(result.schedule.kinds),
         "stats": {**asdict(result.stats), "ops_per_s": round(result.stats.ops_per_s, 1)},
         "outcome": verdict.outcome,

@@ -185,12 +185,19 @@ def test_replaying_a_soak_folder_is_refused_with_the_soak_that_runs_it_again(
     folder.mkdir()
     (folder / "steps.jsonl").write_text('{"step": "submit", "count": 200, "poison": false, "extra": {}}\n')
     ran = {"scenario": "kafka_consumer:inbox-offset", "ops": None, "duration_s": 30.0, "workers": 3, "rate": 5.0}
-    (folder / SUMMARY).write_text(json.dumps({**ran, "seed": 7}))
+    options = {"batch_size": 500, "offset_store": "manual", "tag": "500"}
+    (folder / SUMMARY).write_text(json.dumps({**ran, "seed": 7, "options": options}))
     assert main(["replay", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "is a soak's folder" in err
-    again = err[err.index("txchaos soak") :].split()
+    again = shlex.split(err[err.index("txchaos soak") :])
     nemesis = str(folder / "nemesis.json")
     assert again == shlex.split(
-        f"txchaos soak kafka_consumer:inbox-offset --duration 30s --workers 3 --rate 5 --seed 7 --nemesis {nemesis}"
+        "txchaos soak kafka_consumer:inbox-offset --duration 30s --workers 3 --rate 5 --option batch_size=500 "
+        f"--option offset_store=manual --option 'tag=\"500\"' --seed 7 --nemesis {nemesis}"
     )
+    # Each --option reads back as the value the soak ran with.
+    from harness.cli.soak import parse_options
+
+    given = [again[i + 1] for i, word in enumerate(again) if word == "--option"]
+    assert parse_options(given) == options
