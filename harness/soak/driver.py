@@ -33,7 +33,7 @@ from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.compacting import LiveCompaction
-from harness.soak.nemesis import NONE, SCHEDULE_FILE, ArmAhead, Schedule, Timed, foreign, plan
+from harness.soak.nemesis import ARMED, DEFAULT, NONE, SCHEDULE_FILE, ArmAhead, Schedule, Timed, foreign, plan
 from harness.soak.room import Room, check_room
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
@@ -139,9 +139,17 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
                 "or draw one for this flow: --nemesis default or a list of kinds",
             )
         return soak.nemesis
+    armed = [k for k in soak.nemesis if k in ARMED]
+    if armed and not points and soak.nemesis != DEFAULT:  # the default mix takes what the flow has
+        raise ConfigError(
+            f"--nemesis {','.join(soak.nemesis)}: {spec.label} has no crash point a soak arms, "
+            f"so {' and '.join(armed)} would never happen",
+            hint="a service's crash points are its wire traps, which a soak does not arm: use kill and pause "
+            "on its instances, with latency, reset, partition, timeout, broker or postgres",
+        )
     # By operations, the run may take longer than estimated: draw enough to keep the nemesis busy.
     length = soak.length_s if soak.duration_s is not None else soak.length_s * 4
-    return plan(
+    schedule = plan(
         soak.nemesis,
         seed=soak.seed,
         length_s=length,
@@ -151,6 +159,12 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
         points=points,
         pace=soak.pace,
     )
+    if not schedule.entries:  # judged clean, it would say the flow held under faults that never came
+        raise ConfigError(
+            f"the nemesis draws no fault in {length:g}s: the first falls due {soak.pace.first_s:g}s in",
+            hint="lengthen the soak (--duration, --ops), or run it with --nemesis none for the clean path",
+        )
+    return schedule
 
 
 class _Driver:

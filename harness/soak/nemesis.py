@@ -45,6 +45,7 @@ KINDS = ("latency", "reset", "partition", "timeout", "kill", "pause", "freeze", 
 # most once per ``Pace.restart_every_s``; named alone, restarts come at the schedule's pace.
 DEFAULT = ("latency", "reset", "partition", "kill", "pause", "freeze", "crash", "broker", "postgres")
 RESTARTS = ("broker", "postgres")
+ARMED = ("crash", "freeze")  # kinds that arm a crash point of the flow: none without one
 FREEZE_POINTS = ("before_db_commit",)  # inside the transaction, its outputs sent in it
 PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-beats (1 s) stop
 NETWORK = ("latency", "reset", "partition", "timeout")
@@ -183,7 +184,7 @@ def plan(
     """
     check_seconds("soak length_s", length_s, 0, 7 * 24 * 3600)
     rng = random.Random(seed)
-    usable = [k for k in kinds if k not in ("crash", "freeze") or points]
+    usable = [k for k in kinds if k not in ARMED or points]
     inside = [p for p in points if p in FREEZE_POINTS] or list(points)
     calm = [k for k in usable if k not in RESTARTS]  # what a restart too soon after the last is redrawn from
     entries: list[Timed] = []

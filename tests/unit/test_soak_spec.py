@@ -154,6 +154,23 @@ def test_a_schedule_replayed_on_another_flow_is_refused_naming_what_it_lacks() -
         schedule_of(fewer, soak_spec(fewer))
 
 
+def test_a_nemesis_that_would_test_nothing_is_refused() -> None:
+    services = SCENARIOS.parent / "examples" / "services" / "services_scenario.py"
+    (service,) = resolve(f"{services}:go-fixed", 0)
+    asked = Soak(service, duration_s=60, nemesis=("crash", "kill"))
+    with pytest.raises(ConfigError, match="has no crash point a soak arms, so crash would never happen"):
+        schedule_of(asked, soak_spec(asked))
+    mixed = Soak(service, duration_s=60)  # the default mix takes what a service has: no crash, no freeze
+    kinds = {type(t.step).__name__ for t in schedule_of(mixed, soak_spec(mixed)).entries}
+    assert kinds
+    assert "ArmAhead" not in kinds, kinds
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    short = Soak(spec, duration_s=2)  # over before the first window falls due
+    with pytest.raises(ConfigError, match="the nemesis draws no fault in 2s"):
+        schedule_of(short, soak_spec(short))
+    assert schedule_of(Soak(spec, duration_s=2, nemesis=()), soak_spec(short)).entries == ()
+
+
 def test_the_default_mix_restarts_the_broker_and_the_database_spaced_and_alone_at_pace() -> None:
     def restarts(kinds: tuple[str, ...], pace: Pace = DEFAULT_PACE) -> list[tuple[float, str]]:
         points = ("before_db_commit",)
