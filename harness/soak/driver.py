@@ -27,7 +27,7 @@ from typing import Any
 from harness import paths
 from harness.errors import ConfigError
 from harness.faults import KillBroker
-from harness.protocols import proxies
+from harness.protocols import by_name, proxies
 from harness.run.core.outcome import RunResult
 from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
@@ -50,8 +50,8 @@ RECOVER_S = 60.0
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 ROOM_EVERY_S = 2.0  # between looks at the disk's free space (a statvfs and a stat per segment)
 # The protocol whose proxy a flow's broker faults open on, by transport.
-_BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka"}
-_BROKER_SERVICE = {"activemq": "activemq", "kafka": "kafka"}
+# A built-in flow's transport -> the protocol of its broker (DTM for the HTTP flow: its coordinator).
+_BROKER_PROTOCOL = {"activemq": "stomp", "kafka": "kafka", "http": "dtm"}
 
 Progress = Callable[[str], None]
 
@@ -113,9 +113,18 @@ def soak_spec(soak: Soak) -> ScenarioSpec:
     return replace(base, **fields)
 
 
-def _broker_of(spec: ScenarioSpec) -> str | None:
-    """Return the service a "broker" kill of ``spec``'s flow stops, when its transport names one."""
-    return _BROKER_SERVICE.get(spec.flow.transport.removeprefix("service_"))
+def _protocols_of(spec: ScenarioSpec) -> tuple[str, ...]:
+    """Return the protocols ``spec``'s flow speaks, its broker's first and Postgres last: the ones a
+    service's placeholders name (a JMS service speaks OpenWire, not STOMP), else its transport's."""
+    transport = spec.flow.transport.removeprefix("service_")
+    spoken = spec.service.protocols() if spec.service is not None else frozenset()
+    brokers: list[str] = [p for p in ("stomp", "openwire", "kafka", "dtm") if p in spoken]
+    return (*(brokers or [_BROKER_PROTOCOL.get(transport, "stomp")]), "postgres")
+
+
+def _broker_of(spec: ScenarioSpec) -> str:
+    """Return the service a "broker" kill of ``spec``'s flow stops: the one behind its broker's protocol."""
+    return by_name(_protocols_of(spec)[0]).service
 
 
 def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
@@ -123,9 +132,8 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     not have), or one drawn from its kinds and seed."""
     if not isinstance(soak.nemesis, Schedule) and not soak.nemesis:
         return NONE
-    transport = spec.flow.transport.removeprefix("service_")
-    targets = proxies(_BROKER_PROTOCOL.get(transport, "stomp"), "postgres")
-    broker = _broker_of(spec) or "activemq"
+    targets = proxies(*_protocols_of(spec))
+    broker = _broker_of(spec)
     instances = spec.service.instances if spec.service is not None else max(1, spec.workers)
     points = tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
     points = points if spec.service is None else ()
