@@ -19,12 +19,13 @@ from typing import Any
 
 from harness.ledger.layout import KIND_CODES
 from harness.ledger.reader import PARQUET_NAME
-from harness.ledger.schema import RESIDUE_KINDS, Kind
+from harness.ledger.schema import Kind
+from harness.verify.model import SPAN_EXCLUDED
 from harness.verify.verdict import Verdict, Witness
 
 SAMPLE_PER_CLASS = 5  # witnesses per class in soak.json and on the console
 CRASH = KIND_CODES[str(Kind.CRASH)]
-SNAPSHOT = frozenset(str(k) for k in RESIDUE_KINDS)  # written at close: they do not stretch the span
+SNAPSHOT = frozenset(str(k) for k in SPAN_EXCLUDED)  # written at close: they do not stretch the span
 
 
 @dataclass(frozen=True)

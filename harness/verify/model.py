@@ -6,8 +6,10 @@ summary (``rules``), written in the small expression language below so the in-pr
 (pyarrow) and the Spark engine evaluate the very same rule, not two hand-kept copies.
 
 Besides the counts, the summary holds the first timestamp of the kinds in ``FIRST_TS`` and the
-operation's span (first and last event outside ``RESIDUE_KINDS``, which are written at the end of
-a run and would stretch every span to it). The span is what fault windows are overlaid on.
+operation's span (first and last event outside ``SNAPSHOT_KINDS``, which are written when the run
+closes its books and would stretch every span to it). What the sink reads while the run goes on
+(an output, a dead letter) ends the span: a service that writes no event of its own is in flight
+from its submission to its output. The span is what fault windows are overlaid on.
 Statistics use the integer bucketing below so both engines produce identical numbers.
 """
 
@@ -60,8 +62,14 @@ ATTEMPT_COUNTS: dict[str, tuple[Kind, int]] = {"redeliveries": (Kind.DELIVER, 1)
 # Summary column -> the kind whose earliest timestamp it holds (null when the op has none).
 FIRST_TS: dict[str, Kind] = {"submit_ns": Kind.SUBMIT, "downstream_ns": Kind.DOWNSTREAM}
 
-# Kinds that do not extend an operation's span (first_ns, last_ns).
-SPAN_EXCLUDED: frozenset[Kind] = RESIDUE_KINDS
+# Kinds written only when the run closes its books (the end-state snapshot). Without them an
+# operation's fate is unknown: it may have been applied, parked or still in flight.
+# Every residue kind but what the sink reads while the run goes on (outputs, dead letters): derived,
+# so a residue kind added to the ledger schema is a snapshot kind without a second list to keep.
+SNAPSHOT_KINDS: frozenset[Kind] = RESIDUE_KINDS - {Kind.DOWNSTREAM, Kind.DEAD_LETTER}
+
+# Kinds that do not extend an operation's span (first_ns, last_ns): the snapshot's, written at the end.
+SPAN_EXCLUDED: frozenset[Kind] = SNAPSHOT_KINDS
 
 # Latency buckets keep three significant digits: (below this many us, round down to a multiple of).
 LATENCY_SCALES: tuple[tuple[int, int], ...] = (
@@ -266,11 +274,6 @@ def rules(contract: FlowContract) -> dict[str, Pred]:
     return out
 
 
-# Kinds written only when the run closes its books (the end-state snapshot). Without them an
-# operation's fate is unknown: it may have been applied, parked or still in flight.
-# Every residue kind but what the sink reads while the run goes on (outputs, dead letters): derived,
-# so a residue kind added to the ledger schema is a snapshot kind without a second list to keep.
-SNAPSHOT_KINDS: frozenset[Kind] = RESIDUE_KINDS - {Kind.DOWNSTREAM, Kind.DEAD_LETTER}
 # Summary columns that count the snapshot (per-key columns are derived from the replica journal).
 SNAPSHOT_COLUMNS: frozenset[str] = frozenset(
     {n for n, k in COUNTS.items() if k in SNAPSHOT_KINDS}

@@ -162,8 +162,10 @@ def _bounds(w: Window) -> tuple[int, int]:
 
 
 def expected_faults(i: int, op: Op, windows: list[Window]) -> set[str]:
-    """Return the fault names overlapping operation ``i``'s span (its events outside the residue)."""
-    span = [ts for ts, _src, k, _c in _events(i, op) if k not in RESIDUE_KINDS]
+    """Return the fault names overlapping operation ``i``'s span: its events but the snapshot the close
+    writes (an output or dead letter the sink read while the run went on ends the span)."""
+    snapshot = RESIDUE_KINDS - {Kind.DOWNSTREAM, Kind.DEAD_LETTER}
+    span = [ts for ts, _src, k, _c in _events(i, op) if k not in snapshot]
     if not span:
         return set()
     return {w.name for w in windows if min(span) <= _bounds(w)[1] and max(span) >= _bounds(w)[0]}

@@ -188,3 +188,29 @@ def test_segments_past_the_threshold_are_compacted_then_judged_alike(
     assert compare_verdicts(in_memory, compacted) == []
     assert in_memory.faults == compacted.faults
     assert in_memory.stats == compacted.stats
+
+
+def test_a_service_operation_is_in_flight_from_its_submission_to_its_output(tmp_path: Path) -> None:
+    # A service writes no event of its own: the ledger holds the driver's submission, the sink's
+    # output and the close's snapshot. A broker kill between the two, with no submission inside
+    # it, held every such operation; it was judged unfired while the outputs were not in the span.
+    out = {"dest": "svc.out"}
+    rows: list[Row] = []
+    for n in range(3):
+        op = {"op": f"op-{n:04d}"}
+        rows += [
+            (T0 + n * MS, "driver", Kind.SUBMIT, {**op, "dest": "svc.in"}),
+            (T0 + 10 * S + n * MS, "sink", Kind.DOWNSTREAM, {**op, **out}),
+            (T0 + 60 * S, "driver", Kind.RESIDUE_EFFECT, {**op, "dest": "svc_effects"}),
+        ]
+    rows += [
+        (T0 + 2 * S, "driver", Kind.FAULT_START, {"point": "kill9:activemq"}),
+        (T0 + 8 * S, "driver", Kind.FAULT_END, {"point": "kill9:activemq"}),
+        # after every output, before the close's snapshot: nothing was in flight
+        (T0 + 20 * S, "driver", Kind.FAULT_START, {"point": "latency:postgres"}),
+        (T0 + 21 * S, "driver", Kind.FAULT_END, {"point": "latency:postgres"}),
+    ]
+    _write_rows(tmp_path, rows)
+    got = _by_name(checker.check_run(tmp_path, FlowContract()))
+    assert (got["kill9:activemq"]["fired"], got["kill9:activemq"]["ops_in_window"]) == (True, 3)
+    assert got["latency:postgres"]["fired"] is False
