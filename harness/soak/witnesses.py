@@ -25,6 +25,7 @@ from harness.verify.verdict import Verdict, Witness
 
 SAMPLE_PER_CLASS = 5  # witnesses per class in soak.json and on the console
 CRASH = KIND_CODES[str(Kind.CRASH)]
+DRIVER = "driver"  # the ledger source of the run's own events: submissions, outputs, the books
 SNAPSHOT = frozenset(str(k) for k in SPAN_EXCLUDED)  # written at close: they do not stretch the span
 
 
@@ -59,13 +60,18 @@ def nemesis_kills(run_dir: Path) -> tuple[Kill, ...]:
 
 def kills_during(witness: Witness, kills: Sequence[Kill]) -> list[Kill]:
     """Return the kills of a worker that wrote one of ``witness``'s events, made while its
-    operation was in flight (from its first event to its last, the end-of-run snapshot left out)."""
+    operation was in flight (from its first event to its last, the end-of-run snapshot left out).
+
+    A service writes no event of its own (the driver records its submissions and outputs), so
+    which instance held the operation is not known: every instance killed while it was in flight
+    may have, and each is returned.
+    """
     events = [e for e in witness.events if e.get("kind") not in SNAPSHOT]
     if not events:
         return []
     first, last = min(int(e["ts_ns"]) for e in events), max(int(e["ts_ns"]) for e in events)
-    writers = {str(e.get("src")) for e in events}
-    return [k for k in kills if first <= k.ts_ns <= last and k.worker in writers]
+    writers = {str(e.get("src")) for e in events} - {DRIVER}
+    return [k for k in kills if first <= k.ts_ns <= last and (k.worker in writers or not writers)]
 
 
 def witness_sample(

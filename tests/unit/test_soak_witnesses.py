@@ -41,6 +41,19 @@ def test_a_kill_counts_when_it_hits_a_writer_of_the_operation_while_in_flight() 
     assert kills_during(Witness("lost", "op-2", (), {}, ()), kills) == []
 
 
+def test_a_service_operation_counts_every_instance_killed_while_it_was_in_flight() -> None:
+    # A service writes no event: the driver's submission and the output it read are the flight.
+    chain = (
+        _event(5, "driver", Kind.SUBMIT),
+        _event(50, "driver", Kind.DOWNSTREAM),
+        _event(52, "driver", Kind.DOWNSTREAM),  # the redelivered copy's output
+        _event(100, "driver", Kind.RESIDUE_EFFECT),
+    )
+    kills = [Kill(2, "svc-0"), Kill(30, "svc-1"), Kill(40, "svc-0"), Kill(70, "svc-1")]
+    witness = Witness("duplicate-effect", "op-1", ("m-1",), {"effects": 2}, chain)
+    assert kills_during(witness, kills) == [Kill(30, "svc-1"), Kill(40, "svc-0")]
+
+
 def test_the_sample_lists_the_kill_beside_the_crashes_in_its_chain() -> None:
     crash = _event(25, "worker-1", Kind.CRASH, point="after_db_commit", detail={"action": "kill"})
     witness = Witness("duplicate-effect", "op-1", ("m-1",), {"effects": 2}, (*CHAIN, crash))
