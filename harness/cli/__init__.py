@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rich.status import Status
 from rich.table import Table
 
+from harness.cli.args import SCENARIO_HELP, SEED_HELP
 from harness.cli.output import console
 from harness.cli.stacks import running_stack, stack_alive
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
@@ -26,12 +27,6 @@ from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosEr
 
 if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
-
-
-SCENARIO_HELP = (
-    "NAME[:VARIANT] from scenarios/ (e.g. onepc_crash_gap:naive; a bad name lists them), or a scenario file's path"
-)
-SEED_HELP = "seeds every random choice; the same seed replays the same run (default 0)"
 
 
 def _seed(value: str) -> int:

@@ -29,7 +29,7 @@ LOG_EVERY_S = 10.0  # between progress lines when the output is not a terminal
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: object) -> None:
-    from harness.cli import SCENARIO_HELP, SEED_HELP
+    from harness.cli.args import SCENARIO_HELP, SEED_HELP
 
     p = sub.add_parser("soak", help="a long run of SCENARIO[:VARIANT] under a fault schedule; one verdict")
     p.add_argument("scenario", help=SCENARIO_HELP)
