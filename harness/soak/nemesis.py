@@ -237,11 +237,7 @@ def foreign(
         step, at = timed.step, f"at {timed.at_s:g}s"
         if isinstance(step, Open) and step.target is not None and step.target not in targets:
             found.append(f"{type(step.fault).__name__} on {step.target} {at}")
-        elif (
-            isinstance(step, Open)
-            and isinstance(step.fault, KillBroker)
-            and step.fault.service not in (broker, "postgres")
-        ):
+        elif isinstance(step, Open) and isinstance(step.fault, KillBroker) and step.fault.service not in (broker, PG):
             found.append(f"kill -9 of {step.fault.service} {at}")
         elif isinstance(step, Kill | Freeze) and step.instance >= instances:
             found.append(f"{type(step).__name__.lower()} of instance {step.instance} {at} (this soak has {instances})")
