@@ -238,9 +238,9 @@ def txchaos_run(request: pytest.FixtureRequest, txchaos_stack: Endpoints, txchao
         if result.verdict.outcome == "unfired" and not allow_unfired:
             from harness.errors import UnfiredFault
 
+            said = "; ".join((*result.verdict.unfired, *result.unfired_stories()))
             raise UnfiredFault(
-                f"{spec.label}: {'; '.join(result.verdict.unfired)}; the run proves nothing about it "
-                f"(run folder {result.run_dir})",
+                f"{spec.label}: {said}; the run proves nothing about it (run folder {result.run_dir})",
                 hint="arm a point the flow reaches (docs/traps.md lists what each trap waits for), "
                 "or pass txchaos_run(spec, allow_unfired=True) if not firing is the point of the test",
             )

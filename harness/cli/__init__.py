@@ -148,6 +148,8 @@ def _show(result: RunResult, replay_hint: str) -> int:
     console.print(f"  run folder: {result.run_dir}")
     for w in verdict.witnesses[:5]:
         console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
+    for told in result.unfired_stories():
+        console.print(f"  {told}", markup=False)
     if verdict.clean:
         return 0
     console.print(f"  replay: {replay_hint}")

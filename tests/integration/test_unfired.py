@@ -63,6 +63,9 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
     )
     assert proc.returncode == EXIT_UNFIRED, proc.stdout + proc.stderr
     assert HEADLINE in proc.stdout, proc.stdout
+    # and what did happen to that operation: the service took it through to the sink, no COMMIT on the way
+    assert "the ledger has of py-fixed-s0-op00003: submit (driver);" in proc.stdout, proc.stdout
+    assert "downstream (driver)" in proc.stdout, proc.stdout
     (verdict_file,) = (tmp_path / "reports" / "runs").glob("*/verdict.json")
     verdict = json.loads(verdict_file.read_text())
     assert verdict["outcome"] == "unfired"
@@ -82,6 +85,7 @@ def test_the_fixture_fails_an_unfired_run_unless_the_test_accepts_it(txchaos_run
         txchaos_run(spec)
     assert caught.value.exit_code == EXIT_UNFIRED
     assert "allow_unfired=True" in str(caught.value)
+    assert "the ledger has of py-fixed-s0-op00003: submit (driver);" in str(caught.value)
     accepted = txchaos_run(spec, allow_unfired=True)
     assert accepted.verdict.outcome == "unfired"
     # the same service under a trap it does reach: fired, with its op and instance, and clean

@@ -17,6 +17,7 @@ from harness.errors import HarnessError
 from harness.ledger.layout import read_layout
 from harness.ledger.reader import Compaction, segments_bytes
 from harness.ledger.schema import Kind
+from harness.ledger.story import story
 from harness.ledger.writer import LedgerWriter
 from harness.run.core.folder import RunFolder
 from harness.run.spec.scenario import ScenarioSpec
@@ -47,6 +48,12 @@ class RunResult:
     def as_expected(self) -> bool:
         """Tell whether the verdict found exactly the expected classes and every requested fault fired."""
         return set(self.verdict.found()) == set(self.spec.expect) and not self.verdict.unfired
+
+    def unfired_stories(self) -> tuple[str, ...]:
+        """Return, for each crash or trap armed on an operation that never fired, what the ledger
+        recorded of that operation (``ledger.story``): why the point was never reached."""
+        ops = [e["op"] for e in self.verdict.faults if e.get("fired") is False and e.get("op")]
+        return tuple(story(self.run_dir / "ledger", str(op)) for op in dict.fromkeys(ops))
 
 
 def begin_run(spec: ScenarioSpec, endpoints: Endpoints, folder: RunFolder, ledger: LedgerWriter) -> None:
