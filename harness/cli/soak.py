@@ -120,14 +120,17 @@ def parse_options(given: list[str]) -> dict[str, object]:
 def cmd_soak(args: argparse.Namespace) -> int:
     from harness import paths
     from harness.cli.stacks import running_stack
-    from harness.soak.driver import run_soak, schedule_of, soak_spec
+    from harness.soak.driver import nemesis_note, run_soak, schedule_of, soak_spec
     from harness.soak.room import check_room
     from harness.soak.spec import Soak
 
     soak = build_soak(args)
     assert isinstance(soak, Soak)
     check_room(soak, paths.runs_root())  # before any service starts
-    schedule_of(soak, soak_spec(soak))  # a schedule that would test nothing is refused here too
+    spec = soak_spec(soak)
+    note = nemesis_note(soak, spec, schedule_of(soak, spec))  # a schedule that would test nothing is refused here
+    if note:
+        console.print(f"[yellow]nemesis: {note}[/]", highlight=False)
     with running_stack(args.provider) as endpoints:
         with console.status(soak.label) as status:
             # A terminal gets a status line redrawn each second; a log (CI, a pipe) a line each 10 s,

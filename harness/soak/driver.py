@@ -15,6 +15,7 @@ an interrupted soak still says what it judged, and its folder verifies again to 
 from __future__ import annotations
 
 import json
+import math
 import resource
 import shlex
 import time
@@ -33,7 +34,19 @@ from harness.run.core.session import RunSession
 from harness.run.spec.scenario import ScenarioSpec
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Step, Submit, Thaw, describe
 from harness.soak.compacting import LiveCompaction
-from harness.soak.nemesis import ARMED, DEFAULT, NONE, SCHEDULE_FILE, ArmAhead, Schedule, Timed, foreign, plan
+from harness.soak.nemesis import (
+    ARMED,
+    DEFAULT,
+    NONE,
+    SCHEDULE_FILE,
+    ArmAhead,
+    Schedule,
+    Timed,
+    every_kind_at,
+    foreign,
+    plan,
+    undrawn,
+)
 from harness.soak.room import Room, check_room
 from harness.soak.spec import Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
@@ -47,6 +60,7 @@ STALL_S = 20.0  # draining ends when nothing more came out for this long
 # again, at most this long: a Kafka consumer group settles for seconds after a restart, longer
 # than a rest, and restarts named alone then followed each other with nothing out in between.
 RECOVER_S = 60.0
+EVERY_KIND_WITHIN_S = 3600.0  # how far ahead a note looks for the time a seed has drawn every kind
 OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 ROOM_EVERY_S = 2.0  # between looks at the disk's free space (a statvfs and a stat per segment)
 # The protocol whose proxy a flow's broker faults open on, by transport.
@@ -127,6 +141,13 @@ def _broker_of(spec: ScenarioSpec) -> str:
     return by_name(_protocols_of(spec)[0]).service
 
 
+def _points_of(spec: ScenarioSpec) -> tuple[str, ...]:
+    """Return the crash points a soak may arm on ``spec``'s flow (a service's are wire traps: none)."""
+    if spec.service is not None:
+        return ()
+    return tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
+
+
 def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     """Return the soak's schedule: the one it was given (refused when it names what this flow does
     not have), or one drawn from its kinds and seed."""
@@ -135,8 +156,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     targets = proxies(*_protocols_of(spec))
     broker = _broker_of(spec)
     instances = spec.service.instances if spec.service is not None else max(1, spec.workers)
-    points = tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
-    points = points if spec.service is None else ()
+    points = _points_of(spec)
     if isinstance(soak.nemesis, Schedule):
         found = foreign(soak.nemesis, targets=targets, broker=broker, instances=instances, points=points)
         if found:
@@ -157,22 +177,45 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
         )
     # By operations, the run may take longer than estimated: draw enough to keep the nemesis busy.
     length = soak.length_s if soak.duration_s is not None else soak.length_s * 4
-    schedule = plan(
-        soak.nemesis,
-        seed=soak.seed,
-        length_s=length,
-        targets=targets,
-        broker=broker,
-        instances=instances,
-        points=points,
-        pace=soak.pace,
-    )
+    schedule = _drawn(soak, spec, length)
     if not schedule.entries:  # judged clean, it would say the flow held under faults that never came
         raise ConfigError(
             f"the nemesis draws no fault in {length:g}s: the first falls due {soak.pace.first_s:g}s in",
             hint="lengthen the soak (--duration, --ops), or run it with --nemesis none for the clean path",
         )
     return schedule
+
+
+def _drawn(soak: Soak, spec: ScenarioSpec, length_s: float) -> Schedule:
+    """Return the schedule ``soak``'s kinds and seed draw over ``length_s`` on ``spec``'s flow."""
+    assert not isinstance(soak.nemesis, Schedule)
+    return plan(
+        soak.nemesis,
+        seed=soak.seed,
+        length_s=length_s,
+        targets=proxies(*_protocols_of(spec)),
+        broker=_broker_of(spec),
+        instances=spec.service.instances if spec.service is not None else max(1, spec.workers),
+        points=_points_of(spec),
+        pace=soak.pace,
+    )
+
+
+def nemesis_note(soak: Soak, spec: ScenarioSpec, schedule: Schedule) -> str | None:
+    """Return, for a drawn schedule that leaves out kinds the flow could take, which ones, and how
+    long a soak of this seed must run to draw them all (None when it draws every kind)."""
+    if isinstance(soak.nemesis, Schedule) or not schedule.entries:
+        return None
+    takes = tuple(k for k in schedule.kinds if k not in ARMED or _points_of(spec))
+    missing = undrawn(schedule, takes)
+    if not missing:
+        return None
+    said = f"this schedule does not draw {', '.join(missing)}"
+    by = every_kind_at(_drawn(soak, spec, EVERY_KIND_WITHIN_S), takes)
+    if by is None:
+        return said
+    enough = math.ceil(by + soak.pace.hold_s * 1.5)  # the last window held to its end
+    return f"{said}; with seed {soak.seed} every kind comes by {by:g}s (--duration {enough}s)"
 
 
 class _Driver:

@@ -51,6 +51,7 @@ PAUSE_MIN_S = 3.5  # a paused consumer is dropped by the broker once its heart-b
 NETWORK = ("latency", "reset", "partition", "timeout")
 PG = "postgres"  # the service a "postgres" window restarts
 SCHEDULE_FILE = "nemesis.json"
+_NETWORK_KIND: dict[type, str] = {Latency: "latency", ResetPeer: "reset", Partition: "partition", Timeout: "timeout"}
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,10 @@ def plan(
 ) -> Schedule:
     """Draw a schedule over ``length_s`` seconds from ``kinds`` with ``seed``.
 
+    Kinds are drawn in rounds, as from a shuffled deck: every kind the flow can take comes once
+    before any comes twice (a restart waits out ``pace.restart_every_s`` in a mix, and the rest go
+    round meanwhile), so a short soak tests as many kinds as its windows allow, not a random few.
+
     ``targets``: the proxies network faults may open on (the flow's broker and Postgres);
     ``broker``: the service a "broker" kill restarts; ``instances``: the processes a "kill" may
     pick; ``points``: the crash points a "crash" or "freeze" may arm (none: both are skipped).
@@ -190,12 +195,21 @@ def plan(
     entries: list[Timed] = []
     t = pace.first_s
     last_restart = -pace.restart_every_s
+    deck = list(usable)  # the kinds not drawn yet this round: each kind comes once before any comes twice
     while usable and t < length_s:
         kind = rng.choice(usable)
+        if kind not in deck:
+            kind = rng.choice(deck)
         if kind in RESTARTS and calm and t - last_restart < pace.restart_every_s:
-            kind = rng.choice(calm)
+            waiting = [k for k in deck if k in calm]
+            if not waiting:  # only restarts are left this round, and none may come yet: a new round of the rest
+                deck += calm
+                waiting = calm
+            kind = rng.choice(waiting)
         elif kind in RESTARTS:
             last_restart = t
+        deck.remove(kind)
+        deck = deck or list(usable)
         hold = round(pace.hold_s * rng.uniform(0.5, 1.5), 1)
         at = round(t, 1)
         if kind == "kill":
@@ -222,6 +236,37 @@ def plan(
             t += hold
         t += pace.rest_s * rng.uniform(0.5, 1.5)
     return Schedule(tuple(kinds), seed, tuple(entries))
+
+
+def kind_of(step: Step | ArmAhead) -> str | None:
+    """Return the nemesis kind a schedule's step opens, or None for a heal or a thaw."""
+    if isinstance(step, ArmAhead):
+        return "freeze" if step.crash.action == "freeze" else "crash"
+    if isinstance(step, Kill):
+        return "kill"
+    if isinstance(step, Freeze):
+        return "pause"
+    if isinstance(step, Open):
+        if isinstance(step.fault, KillBroker):
+            return "postgres" if step.fault.service == PG else "broker"
+        return _NETWORK_KIND.get(type(step.fault))
+    return None
+
+
+def undrawn(schedule: Schedule, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Return the ``kinds`` that ``schedule`` never draws, in their order."""
+    drawn = {kind_of(t.step) for t in schedule.entries}
+    return tuple(k for k in kinds if k not in drawn)
+
+
+def every_kind_at(schedule: Schedule, kinds: tuple[str, ...]) -> float | None:
+    """Return the second by which ``schedule`` has drawn each of ``kinds``, or None if it never does."""
+    left = set(kinds)
+    for timed in schedule.entries:
+        left.discard(kind_of(timed.step) or "")
+        if not left:
+            return timed.at_s
+    return None
 
 
 def foreign(

@@ -16,8 +16,8 @@ from harness.faults import KillBroker
 from harness.run.spec.files import resolve
 from harness.run.spec.steps import Freeze, Heal, Kill, Open, Thaw
 from harness.soak import DEFAULT, Pace, Schedule, Soak, parse_duration, plan
-from harness.soak.driver import schedule_of, soak_spec
-from harness.soak.nemesis import ArmAhead, Timed, parse_kinds
+from harness.soak.driver import nemesis_note, schedule_of, soak_spec
+from harness.soak.nemesis import ArmAhead, Timed, every_kind_at, kind_of, parse_kinds, undrawn
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 TARGETS = ("activemq_stomp", "postgres")
@@ -33,6 +33,48 @@ def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> Non
     one = plan(DEFAULT, seed=1, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
     assert one == plan(DEFAULT, seed=1, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
     assert one != plan(DEFAULT, seed=2, length_s=120, targets=TARGETS, instances=2, points=("before_db_commit",))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_each_kind_comes_once_before_any_comes_twice(seed: int) -> None:
+    points = ("before_db_commit",)
+    free = Pace(compound=0, restart_every_s=0)  # every window one kind, restarts at the schedule's pace
+    schedule = plan(DEFAULT, seed=seed, length_s=600, targets=TARGETS, instances=2, points=points, pace=free)
+    drawn = [k for k in (kind_of(t.step) for t in schedule.entries) if k is not None]
+    rounds = [drawn[i : i + len(DEFAULT)] for i in range(0, len(drawn) - len(DEFAULT), len(DEFAULT))]
+    assert len(rounds) >= 3
+    assert all(sorted(r) == sorted(DEFAULT) for r in rounds), rounds
+    # In the default pace a restart waits its 2 minutes; the other kinds go round meanwhile.
+    paced = plan(DEFAULT, seed=seed, length_s=120, targets=TARGETS, instances=2, points=points, pace=Pace(compound=0))
+    calm = [k for k in (kind_of(t.step) for t in paced.entries) if k is not None and k not in ("broker", "postgres")]
+    assert all(len(set(calm[i : i + 7])) == len(calm[i : i + 7]) for i in range(0, len(calm), 7)), calm
+
+
+def test_a_short_soak_is_told_which_kinds_its_schedule_leaves_out_and_how_long_draws_them_all() -> None:
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    short = Soak(spec, duration_s=30, workers=2, seed=0)
+    schedule = schedule_of(short, soak_spec(short))
+    left_out = undrawn(schedule, DEFAULT)
+    note = nemesis_note(short, soak_spec(short), schedule)
+    assert left_out
+    assert note is not None
+    assert note.startswith(f"this schedule does not draw {', '.join(left_out)}; with seed 0 every kind comes by ")
+    enough = re.search(r"--duration (\d+)s", note)
+    assert enough is not None, note
+    long = Soak(spec, duration_s=float(enough.group(1)), workers=2, seed=0)
+    drawn = schedule_of(long, soak_spec(long))
+    assert undrawn(drawn, DEFAULT) == ()
+    assert every_kind_at(drawn, DEFAULT) is not None
+    assert nemesis_note(long, soak_spec(long), drawn) is None
+    # a service's mix has no crash or freeze to miss; a given schedule is the user's own
+    services = SCENARIOS.parent / "examples" / "services" / "services_scenario.py"
+    (service,) = resolve(f"{services}:go-fixed", 0)
+    mixed = Soak(service, duration_s=30, workers=2, seed=0)
+    said = nemesis_note(mixed, soak_spec(mixed), schedule_of(mixed, soak_spec(mixed)))
+    assert said is not None
+    assert "crash" not in said and "freeze" not in said, said
+    given = Soak(spec, duration_s=30, workers=2, seed=0, nemesis=schedule)
+    assert nemesis_note(given, soak_spec(given), schedule) is None
 
 
 def test_a_schedule_round_trips_through_its_file(tmp_path: Path) -> None:
