@@ -312,7 +312,9 @@ class _Driver:
             step = step.resolve(len(session.ops))
             self.arms += 1
         elif isinstance(step, Open | Freeze):
-            self.open_faults.append(describe(step).removeprefix("open "))
+            # the nemesis kind's name: a Freeze step is a "pause" (SIGSTOP), not the "freeze" kind's arm
+            said = f"pause instance {step.instance}" if isinstance(step, Freeze) else describe(step)
+            self.open_faults.append(said.removeprefix("open "))
             self.windows += 1
             if isinstance(step, Open) and isinstance(step.fault, KillBroker):
                 self._restart_open = True
