@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 import time
 import traceback
@@ -192,7 +193,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     spec = spec_of_folder(Path(args.run_dir), args.scenario)
     with running_stack(args.provider) as endpoints, console.status(f"replaying {len(steps)} steps of {spec.label}"):
         result = replay(spec, endpoints, steps)
-    return _show(result, f"txchaos replay {result.run_dir}")
+    # the folder's own scenario name may not resolve (a file of the user's): the hint names what was given
+    named = f" --scenario {shlex.quote(args.scenario)}" if args.scenario else ""
+    return _show(result, f"txchaos replay {shlex.quote(str(result.run_dir))}{named}")
 
 
 _RUN_CODE_RANK = (0, EXIT_UNFIRED, 1, EXIT_INCOMPLETE)  # txchaos run's exit codes, least to most telling

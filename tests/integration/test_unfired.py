@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.activemq]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "services" / "services_scenario.py"
 EX = load_file(EXAMPLE)
-HEADLINE = "UNFIRED: trap stomp_before_commit on op py-fixed-s0-op00003 never fired: the service sent no STOMP COMMIT"
+# The run takes the name of the key the file gives its spec: what a replay names again.
+HEADLINE = (
+    "UNFIRED: trap stomp_before_commit on op py-unreachable-s0-op00003 never fired: the service sent no STOMP COMMIT"
+)
 
 SCENARIO = f"""
 from pathlib import Path
@@ -64,7 +67,8 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
     assert proc.returncode == EXIT_UNFIRED, proc.stdout + proc.stderr
     assert HEADLINE in proc.stdout, proc.stdout
     # and what did happen to that operation: the service took it through to the sink, no COMMIT on the way
-    assert "the ledger has of py-fixed-s0-op00003: submit (driver);" in proc.stdout, proc.stdout
+    assert "the ledger has of py-unreachable-s0-op00003: submit (driver);" in proc.stdout, proc.stdout
+    assert f"replay: txchaos run {scenario}:py-unreachable --seed 0" in proc.stdout, proc.stdout
     assert "downstream (driver)" in proc.stdout, proc.stdout
     (verdict_file,) = (tmp_path / "reports" / "runs").glob("*/verdict.json")
     verdict = json.loads(verdict_file.read_text())
@@ -74,9 +78,22 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
     assert (trap["type"], trap["name"], trap["op"], trap["fired"]) == (
         "trap",
         "stomp_before_commit",
-        "py-fixed-s0-op00003",
+        "py-unreachable-s0-op00003",
         False,
     )
+    # Replayed from its folder with the file named, the same variant runs again, and says how to again.
+    again = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "replay", str(verdict_file.parent), "--scenario", str(scenario)],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == EXIT_UNFIRED, again.stdout + again.stderr
+    assert HEADLINE in again.stdout, again.stdout
+    assert f" --scenario {scenario}" in again.stdout, again.stdout
 
 
 def test_the_fixture_fails_an_unfired_run_unless_the_test_accepts_it(txchaos_run: RunScenario) -> None:

@@ -164,3 +164,22 @@ def test_every_builtin_scenario_passes_the_checks_a_run_makes_first() -> None:
             harness.Schema.of(s.schema).check()
             checked += 1
     assert checked >= 10
+
+
+def test_a_run_takes_the_name_of_the_key_its_file_gives_it(tmp_path: Path) -> None:
+    # The JMS example's "poison" runs its "check" service; named as "poison" on the command line, the
+    # run, its replay hint and its folder must say "poison", or a replay would run "check" instead.
+    from harness.run.spec.files import resolve
+
+    scenario = tmp_path / "keyed_scenario.py"
+    scenario.write_text(
+        "from harness import ScenarioSpec\n\n"
+        "def variants(seed):\n"
+        "    spec = ScenarioSpec(name='keyed', variant='check', handler='harness.patterns.onepc:naive',"
+        " schema='onepc', effect_table='onepc_effects',"
+        " seed=seed)\n"
+        "    return {'check': spec, 'poison': spec}\n"
+    )
+    (poison,) = resolve(f"{scenario}:poison", seed=3)
+    assert (poison.label, poison.seed) == ("keyed:poison", 3)
+    assert [s.variant for s in resolve(str(scenario), seed=0)] == ["check", "poison"]

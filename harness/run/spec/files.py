@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -39,7 +40,8 @@ def load_file(path: Path) -> ModuleType:
 
 
 def resolve(target: str, seed: int, directory: Path | None = None) -> list[ScenarioSpec]:
-    """Return the specs for ``NAME`` (all variants) or ``NAME:VARIANT`` at ``seed``."""
+    """Return the specs for ``NAME`` (all variants) or ``NAME:VARIANT`` at ``seed``, each spec's variant
+    the key ``variants(seed)`` gives it."""
     name, _, variant = target.partition(":")
     dirs = [directory] if directory else scenario_dirs()
     candidates = [Path(name)] if name.endswith(".py") else [d / f"{name}{SUFFIX}" for d in dirs]
@@ -54,7 +56,10 @@ def resolve(target: str, seed: int, directory: Path | None = None) -> list[Scena
         raise ConfigError(
             f"{path} has no variants(seed) function", hint="define variants(seed) -> {name: ScenarioSpec}"
         )
-    specs = factory(seed)
+    # The key is what a user names (``NAME:KEY``), and what the replay hint and ``txchaos replay`` of the
+    # run folder resolve again; a spec's own variant may say which implementation it runs (the JMS
+    # example's "poison" runs its "check" service), so the run takes the key's name.
+    specs = {key: spec if spec.variant == key else replace(spec, variant=key) for key, spec in factory(seed).items()}
     if variant:
         if variant not in specs:
             raise ConfigError(f"scenario {name} has no variant {variant!r}", hint=f"choose one of {', '.join(specs)}")
