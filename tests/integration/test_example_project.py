@@ -78,6 +78,9 @@ def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> Non
         # The team's own consumer process under a wire trap (orders/consumer.py, no txchaos in it).
         "test_consumer_without_inbox_places_the_order_again",
         "test_consumer_with_inbox_places_each_order_once",
+        # The txchaos_soak fixture: two workers under a nemesis of crash points, caught and held.
+        "test_a_soak_catches_the_naive_handler_placing_an_order_twice",
+        "test_the_inbox_handler_holds_under_the_same_soak",
     }
     assert all(not list(c) for c in cases.values()), proc.stdout[-6000:]  # no failure, error or skip
     # The verdicts themselves, from the plugin's summary (the run folders are under the project).
@@ -87,6 +90,9 @@ def test_the_example_project_runs_from_a_fresh_virtualenv(tmp_path: Path) -> Non
     assert "duplicate-effect=1 [consumer-naive-s0-op00003]" in proc.stdout
     assert "CLEAN" in proc.stdout.split("orders-consumer:consumer-inbox", 1)[1].splitlines()[0]
     assert list((tmp_path / "reports" / "runs").glob("*-orders-naive-s0-*"))
+    soaks = [p for p in (tmp_path / "reports" / "runs").glob("*-orders-*") if (p / "soak.json").is_file()]
+    assert len(soaks) == 2, soaks  # each with its schedule, summary and plot beside the ledger
+    assert all((p / "nemesis.json").is_file() and (p / "soak.png").is_file() for p in soaks), soaks
 
     # The next pipeline takes this report's history (a CI cache holds it between pipelines), and
     # fails on the tests' exit code: a test that does not hold fails the pipeline.
