@@ -638,3 +638,22 @@ def test_a_live_compaction_closed_without_a_verdict_leaves_no_spill(tmp_path: Pa
     assert live.compaction.take() == 0
     assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
     assert not (ledger / PARQUET_NAME).exists()
+
+
+def test_kills_and_pauses_of_kafka_workers_that_hold_no_partition_are_refused() -> None:
+    # kafka_consumer:inbox-offset reads one partition: with 4 workers, 3 stand by, and a 20 s soak of
+    # kill,pause came out CLEAN with every window counted while only worker-0 consumed.
+    (spec,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
+    idle = Soak(spec, duration_s=20, workers=4, nemesis=("kill", "pause"))
+    with pytest.raises(ConfigError, match=r"reads 1 partition\(s\): with 4 workers, 3 hold none") as refused:
+        schedule_of(idle, soak_spec(idle))
+    assert "--option partitions=4" in str(refused.value.hint)
+    for fine in (
+        Soak(spec.with_options({"partitions": 4}), duration_s=20, workers=4, nemesis=("kill", "pause")),
+        Soak(spec, duration_s=20, workers=4, nemesis=("broker", "latency")),  # nothing aimed at a worker
+        Soak(spec, duration_s=20, workers=1, nemesis=("kill", "pause")),
+    ):
+        assert schedule_of(fine, soak_spec(fine)).entries
+    given = Schedule(("kill",), 0, (Timed(3.0, Kill(0)),))
+    with pytest.raises(ConfigError, match="3 hold none"):
+        schedule_of(Soak(spec, duration_s=20, workers=4, nemesis=given), soak_spec(idle))
