@@ -75,7 +75,7 @@ def build_soak(args: argparse.Namespace) -> object:
     if len(specs) != 1:
         raise ConfigError(
             f"soak {args.scenario!r} names {len(specs)} variants",
-            hint=f"name one: {', '.join(f'{args.scenario}:{s.variant}' for s in specs[:4])}",
+            hint=f"name one: {args.scenario}:VARIANT, VARIANT one of {', '.join(s.variant for s in specs)}",
         )
     nemesis: tuple[str, ...] | Schedule
     given = Path(args.nemesis)
