@@ -115,6 +115,8 @@ class SoakResult(RunResult):
 def soak_spec(soak: Soak) -> ScenarioSpec:
     """Return the scenario as the soak runs it: its seed and workers, no scripted crash or window."""
     base = soak.scenario
+    if soak.partitions is not None and soak.partitions != getattr(base.settings, "partitions", None):
+        base = base.with_options({"partitions": soak.partitions})  # one per worker at least
     fields: dict[str, Any] = {"seed": soak.seed, "crashes": (), "faults": (), "poison": frozenset()}
     fields["messages"] = min(soak.ops or 1_000_000, 1_000_000)
     fields["timeout_s"] = soak.quiesce_s
@@ -166,9 +168,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
                 hint="replay a nemesis.json on the scenario whose soak wrote it (its soak.json names it), "
                 "or draw one for this flow: --nemesis default or a list of kinds",
             )
-        _refuse_idle_targets(soak, spec, instances)
         return soak.nemesis
-    _refuse_idle_targets(soak, spec, instances)
     armed = [k for k in soak.nemesis if k in ARMED]
     if armed and not points and soak.nemesis != DEFAULT:  # the default mix takes what the flow has
         raise ConfigError(
@@ -186,29 +186,6 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
             hint="lengthen the soak (--duration, --ops), or run it with --nemesis none for the clean path",
         )
     return schedule
-
-
-def _refuse_idle_targets(soak: Soak, spec: ScenarioSpec, instances: int) -> None:
-    """Refuse a soak whose kills and pauses would mostly hit Kafka workers that hold no partition.
-
-    ``kafka_consumer:inbox-offset`` reads one partition: with ``--workers 4`` one worker consumes and
-    three stand by, and a kill or pause of a standby is a window the verdict counts as fired (the
-    flow had operations in flight) though it touched nothing that moved them.
-    """
-    partitions = getattr(spec.settings, "partitions", None)
-    if spec.service is not None or not isinstance(partitions, int) or instances <= partitions:
-        return
-    if isinstance(soak.nemesis, Schedule):
-        aimed = any(isinstance(t.step, Kill | Freeze) for t in soak.nemesis.entries)
-    else:
-        aimed = any(k in ("kill", "pause") for k in soak.nemesis)
-    if aimed:
-        raise ConfigError(
-            f"{spec.label} reads {partitions} partition(s): with {instances} workers, {instances - partitions} "
-            "hold none, and the kill and pause windows aimed at them would test nothing",
-            hint=f"give each worker a partition (--option partitions={instances}), run --workers {partitions}, "
-            "or leave kill and pause out of --nemesis",
-        )
 
 
 def _drawn(soak: Soak, spec: ScenarioSpec, length_s: float) -> Schedule:

@@ -104,14 +104,25 @@ class Soak:
         Kafka batch consumer (batch 500, 3 partitions) ran at 6,775-6,906 ops/s with this window
         (6,000), at 7,157-7,396 with no bound, at 6,741 with half of it.
         """
-        settings = self.scenario.settings
-        batch = getattr(settings, "batch_size", 0)
-        lanes = max(getattr(settings, "partitions", 1), self.workers)
+        batch = getattr(self.scenario.settings, "batch_size", 0)
+        lanes = self.partitions or self.workers
         return self.window or max(200, 50 * self.workers, 4 * batch * lanes)
+
+    @property
+    def partitions(self) -> int | None:
+        """The partitions of the flow's input topic in this soak (None: a flow without them): the
+        scenario's, raised to one per worker. ``kafka_consumer:inbox-offset`` reads one partition, so
+        with two workers one would stand by, and every kill or pause aimed at it would test nothing."""
+        given = getattr(self.scenario.settings, "partitions", None)
+        if not isinstance(given, int) or self.scenario.service is not None:
+            return None
+        return max(given, self.workers)
 
     @property
     def label(self) -> str:
         bound = f"{self.ops:,} ops" if self.ops is not None else f"{self.length_s:g}s"
         pace = f"{self.rate:g} ops/s" if self.rate else "closed loop"
         workers = f"{self.workers} worker" + ("s" if self.workers != 1 else "")
+        if self.partitions is not None:
+            workers += f" on {self.partitions} partition" + ("s" if self.partitions != 1 else "")
         return f"soak {self.scenario.label} ({bound}, {workers}, {pace})"

@@ -640,20 +640,21 @@ def test_a_live_compaction_closed_without_a_verdict_leaves_no_spill(tmp_path: Pa
     assert not (ledger / PARQUET_NAME).exists()
 
 
-def test_kills_and_pauses_of_kafka_workers_that_hold_no_partition_are_refused() -> None:
-    # kafka_consumer:inbox-offset reads one partition: with 4 workers, 3 stand by, and a 20 s soak of
-    # kill,pause came out CLEAN with every window counted while only worker-0 consumed.
+def test_a_kafka_soak_gives_each_worker_a_partition() -> None:
+    # kafka_consumer:inbox-offset reads one partition: a 20 s soak of 4 workers under kill,pause came
+    # out CLEAN with every window counted while only worker-0 consumed; the pauses and the kill hit
+    # standbys. A soak raises the partitions to one per worker, and says so in its label.
     (spec,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
-    idle = Soak(spec, duration_s=20, workers=4, nemesis=("kill", "pause"))
-    with pytest.raises(ConfigError, match=r"reads 1 partition\(s\): with 4 workers, 3 hold none") as refused:
-        schedule_of(idle, soak_spec(idle))
-    assert "--option partitions=4" in str(refused.value.hint)
-    for fine in (
-        Soak(spec.with_options({"partitions": 4}), duration_s=20, workers=4, nemesis=("kill", "pause")),
-        Soak(spec, duration_s=20, workers=4, nemesis=("broker", "latency")),  # nothing aimed at a worker
-        Soak(spec, duration_s=20, workers=1, nemesis=("kill", "pause")),
-    ):
-        assert schedule_of(fine, soak_spec(fine)).entries
-    given = Schedule(("kill",), 0, (Timed(3.0, Kill(0)),))
-    with pytest.raises(ConfigError, match="3 hold none"):
-        schedule_of(Soak(spec, duration_s=20, workers=4, nemesis=given), soak_spec(idle))
+    wide = Soak(spec, duration_s=20, workers=4, nemesis=("kill", "pause"))
+    assert soak_spec(wide).settings.partitions == 4  # type: ignore[attr-defined]
+    assert "(20s, 4 workers on 4 partitions, closed loop)" in wide.label
+    batch = Soak(spec.with_options({"partitions": 3, "batch_size": 500}), ops=1000, workers=1)
+    assert soak_spec(batch).settings.partitions == 3  # type: ignore[attr-defined]  # more partitions than workers: kept
+    assert "1 worker on 3 partitions" in batch.label
+    assert batch.in_flight == 4 * 500 * 3
+    services = SCENARIOS.parent / "examples" / "services" / "services_scenario.py"
+    (service,) = resolve(f"{services}:go-fixed", 0)
+    assert Soak(service, workers=3).partitions is None  # a service's topics are its own
+    (stage,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    assert Soak(stage, workers=3).partitions is None
+    assert "(60s, 3 workers, closed loop)" in Soak(stage, workers=3).label
