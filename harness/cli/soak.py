@@ -178,7 +178,10 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     for anomaly, witnesses in sample.items():
         for w in witnesses:
             during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
-            console.print(f"  {anomaly}: op {w['op']} during {during}")
+            if w.get("said") and not w["faults"] and not w["crashes"]:  # a check of the books at the close
+                console.print(f"  {anomaly}: {w['said']}", highlight=False)
+            else:
+                console.print(f"  {anomaly}: op {w['op']} during {during}", highlight=False)
     if stats.error:
         console.print(f"[red]  {stats.error}[/]")
         console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from harness.ledger.reader import PARQUET_NAME, read_segments
 
@@ -39,6 +38,8 @@ def _said(row: dict[str, Any]) -> str:
 
 
 def _rows(ledger_dir: Path, op: str) -> list[dict[str, Any]]:
+    import pyarrow.dataset as ds  # here: 45 MB a soak's driver must not carry while it drives
+
     parquet = ledger_dir / PARQUET_NAME
     if parquet.exists():
         table = ds.dataset(parquet, format="parquet").to_table(filter=pc.field("op") == op)

@@ -21,7 +21,7 @@ from harness.ledger.layout import KIND_CODES
 from harness.ledger.reader import PARQUET_NAME
 from harness.ledger.schema import Kind
 from harness.verify.model import SPAN_EXCLUDED
-from harness.verify.verdict import Verdict, Witness
+from harness.verify.verdict import Verdict, Witness, explain
 
 SAMPLE_PER_CLASS = 5  # witnesses per class in soak.json and on the console
 CRASH = KIND_CODES[str(Kind.CRASH)]
@@ -90,13 +90,9 @@ def witness_sample(
                 if e.get("kind") == "crash"
             ]
             crashes += [f"kill of {k.worker} (nemesis)" for k in kills_during(w, kills)]
-            picked.append(
-                {
-                    "op": w.op,
-                    "msg_ids": list(w.msg_ids),
-                    "summary": w.summary,
-                    "faults": list(w.faults),
-                    "crashes": crashes,
-                }
-            )
+            entry = {"op": w.op, "msg_ids": list(w.msg_ids), "summary": w.summary, "faults": list(w.faults)}
+            entry["crashes"] = crashes
+            if explain(w):  # a declared check's witness: what it found broken, in words
+                entry["said"] = explain(w)
+            picked.append(entry)
     return sample

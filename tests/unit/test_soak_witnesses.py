@@ -90,3 +90,16 @@ def test_the_driver_does_not_load_pyarrow_dataset_while_it_drives() -> None:
     code = "import sys, harness.soak.driver; print('pyarrow.dataset' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_invariant_witness_says_what_the_books_show_not_a_fault_it_fell_in() -> None:
+    # A soak of deposit_crash_gap:upsert printed "invariant-broken: op invariant:balance during no
+    # fault window or kill": the check is of the books at the close, not of an operation in flight.
+    detail = {"label": "sum(accounts.balance)", "actual": 1040, "expected": 1000, "holds": False}
+    detail |= {"applied_twice": ["op-7"], "applied_twice_n": 1}
+    books = (_event(100, "driver", Kind.RESIDUE_INVARIANT, detail=detail),)
+    broken = Witness("invariant-broken", "invariant:balance", (), {}, books)
+    sample = witness_sample(Verdict({"invariant-broken": 1}, (broken, DUPLICATE), {}, "in-process"))
+    (said,) = sample["invariant-broken"]
+    assert said["said"].startswith("sum(accounts.balance) = 1,040, expected 1,000: op")
+    assert "said" not in sample["duplicate-effect"][0]
