@@ -146,9 +146,15 @@ def _show(result: RunResult, replay_hint: str) -> int:
     verdict, spec = result.verdict, result.spec
     colour = "green" if verdict.clean else "red"
     console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
+    if spec.expect or not verdict.clean:  # a known-bad variant's anomalies are what it exists to show
+        wanted = ", ".join(sorted(spec.expect)) or "a clean run"
+        said = "as expected" if result.as_expected else "[red]UNEXPECTED[/]"
+        said += f": the scenario expects {wanted}"
+        console.print(f"  {said}")
     console.print(f"  run folder: {result.run_dir}")
     for w in verdict.witnesses[:5]:
-        console.print(f"  {w.anomaly}: op {w.op} messages {', '.join(w.msg_ids) or '-'} {w.summary}")
+        counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w.summary.items() if v) or "-"
+        console.print(f"  {w.anomaly}: op {w.op} ({counts}); messages {', '.join(w.msg_ids) or '-'}", highlight=False)
     for told in result.unfired_stories():
         console.print(f"  {told}", markup=False)
     if verdict.clean:

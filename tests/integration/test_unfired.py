@@ -66,6 +66,7 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
     )
     assert proc.returncode == EXIT_UNFIRED, proc.stdout + proc.stderr
     assert HEADLINE in proc.stdout, proc.stdout
+    assert "UNEXPECTED: the scenario expects a clean run" in proc.stdout, proc.stdout
     # and what did happen to that operation: the service took it through to the sink, no COMMIT on the way
     assert "the ledger has of py-unreachable-s0-op00003: submit (driver);" in proc.stdout, proc.stdout
     assert f"replay: txchaos run {scenario}:py-unreachable --seed 0" in proc.stdout, proc.stdout
