@@ -177,8 +177,9 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
             hint="a service's crash points are its wire traps, which a soak does not arm: use kill and pause "
             "on its instances, with latency, reset, partition, timeout, broker or postgres",
         )
-    # By operations, the run may take longer than estimated: draw enough to keep the nemesis busy.
-    length = soak.length_s if soak.duration_s is not None else soak.length_s * 4
+    # By operations as fast as the flow goes, the run may take longer than estimated: draw enough to
+    # keep the nemesis busy. By time, or by operations at a rate, the length is known.
+    length = soak.length_s if soak.duration_s is not None or soak.rate else soak.length_s * 4
     schedule = _drawn(soak, spec, length)
     if not schedule.entries:  # judged clean, it would say the flow held under faults that never came
         raise ConfigError(

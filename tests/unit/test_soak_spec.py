@@ -658,3 +658,14 @@ def test_a_kafka_soak_gives_each_worker_a_partition() -> None:
     (stage,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
     assert Soak(stage, workers=3).partitions is None
     assert "(60s, 3 workers, closed loop)" in Soak(stage, workers=3).label
+
+
+def test_a_soak_of_operations_at_a_rate_draws_its_schedule_over_the_seconds_it_submits() -> None:
+    # --ops 4000 --rate 200 submits for 20 s; its schedule was drawn over 80 s (the estimate for a
+    # closed loop by operations): "13 fault window(s) scheduled" for a run that met 2 of them.
+    (spec,) = resolve("onepc_crash_gap:check-then-skip-locked", 0, SCENARIOS)
+    paced = Soak(spec, ops=4000, rate=200, workers=3)
+    schedule = schedule_of(paced, soak_spec(paced))
+    assert max(t.at_s for t in schedule.entries) < 20 + 1.5 * DEFAULT_PACE.hold_s
+    closed = Soak(spec, ops=4000, workers=3)  # as fast as the flow goes: enough for a slow flow
+    assert max(t.at_s for t in schedule_of(closed, soak_spec(closed)).entries) > 60
