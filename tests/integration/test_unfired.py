@@ -55,15 +55,19 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
     endpoints.write_text(txchaos_stack.to_json())
     env = {**os.environ, "TXCHAOS_ENDPOINTS": str(endpoints), "TXCHAOS_REPORTS": str(tmp_path / "reports")}
     env.pop("TXCHAOS_SPARK_VERIFY", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", f"{scenario}:py-unreachable"],
-        cwd=ROOT,
-        env={**env, "COLUMNS": "400"},  # the headline on one line
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+
+    def txchaos(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", *args],
+            cwd=ROOT,
+            env={**env, "COLUMNS": "400"},  # the headline on one line
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    proc = txchaos("run", f"{scenario}:py-unreachable")
     assert proc.returncode == EXIT_UNFIRED, proc.stdout + proc.stderr
     assert HEADLINE in proc.stdout, proc.stdout
     assert "UNEXPECTED: the scenario expects a clean run" in proc.stdout, proc.stdout
@@ -83,15 +87,7 @@ def test_an_unreachable_trap_exits_with_its_own_code_and_names_the_trap(
         False,
     )
     # Replayed from its folder with the file named, the same variant runs again, and says how to again.
-    again = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "replay", str(verdict_file.parent), "--scenario", str(scenario)],
-        cwd=ROOT,
-        env={**env, "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    again = txchaos("replay", str(verdict_file.parent), "--scenario", str(scenario))
     assert again.returncode == EXIT_UNFIRED, again.stdout + again.stderr
     assert HEADLINE in again.stdout, again.stdout
     assert f" --scenario {scenario}" in again.stdout, again.stdout
