@@ -111,6 +111,11 @@ class SoakResult(RunResult):
     schedule: Schedule
     stats: SoakStats
 
+    @property
+    def nemesis_note(self) -> str | None:
+        """Return which kinds the soak asked for and its schedule never drew (``nemesis_note``), if any."""
+        return nemesis_note(self.soak, self.spec, self.schedule)
+
 
 def soak_spec(soak: Soak) -> ScenarioSpec:
     """Return the scenario as the soak runs it: its seed and workers, no scripted crash or window."""
@@ -588,6 +593,7 @@ def write_summary(result: SoakResult) -> Path:
         "seed": soak.seed,
         "options": dict(soak.scenario.options),
         "nemesis": list(result.schedule.kinds),
+        "nemesis_note": result.nemesis_note,  # kinds asked for that the schedule never drew
         "stats": {**asdict(result.stats), "ops_per_s": round(result.stats.ops_per_s, 1)},
         "outcome": verdict.outcome,
         "counts": verdict.found(),

@@ -669,3 +669,22 @@ def test_a_soak_of_operations_at_a_rate_draws_its_schedule_over_the_seconds_it_s
     assert max(t.at_s for t in schedule.entries) < 20 + 1.5 * DEFAULT_PACE.hold_s
     closed = Soak(spec, ops=4000, workers=3)  # as fast as the flow goes: enough for a slow flow
     assert max(t.at_s for t in schedule_of(closed, soak_spec(closed)).entries) > 60
+
+
+def test_the_soaks_summary_keeps_the_kinds_its_schedule_never_drew(tmp_path: Path) -> None:
+    # A pytest user gets no console line before the soak starts: soak.json and the plugin's summary say it.
+    from harness.soak.driver import SUMMARY, SoakResult, SoakStats, write_summary
+    from harness.verify.verdict import Verdict
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    stats = SoakStats(1, 1, 0, 0, 0, 1.0, 1.0, 2.0, 1.0, 1.0, False)
+
+    def summary(soak: Soak) -> dict[str, Any]:
+        ran = soak_spec(soak)
+        result = SoakResult(tmp_path, Verdict({}, (), {}, "in-process"), ran, soak, schedule_of(soak, ran), stats)
+        write_summary(result)
+        return dict(json.loads((tmp_path / SUMMARY).read_text()))
+
+    short = summary(Soak(spec, duration_s=30, workers=2, seed=0))
+    assert short["nemesis_note"].startswith("this schedule does not draw partition, freeze, broker;"), short
+    assert summary(Soak(spec, duration_s=30, workers=2, seed=0, nemesis=("kill",)))["nemesis_note"] is None
