@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from harness.ledger.writer import LedgerWriter
-from harness.run.processes.service_pool import Instance, ServicePool
+from harness.run.processes.service_pool import Instance, ServicePool, ready_since
 
 
 def test_the_ready_file_is_stamped_with_the_time_the_log_got_the_ready_line(tmp_path: Path) -> None:
@@ -24,3 +29,27 @@ def test_the_ready_file_is_stamped_with_the_time_the_log_got_the_ready_line(tmp_
         assert ready.stat().st_mtime_ns == log.stat().st_mtime_ns
     finally:
         pool.stop()
+
+
+def test_a_ready_line_written_between_the_stat_and_the_read_waits_for_the_next_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test above failed once in a full suite: the pool stat-ed the log, the service then wrote
+    # READY, and the read found it: the ready file got the log's older time.
+    log = tmp_path / "svc-0.log"
+    log.write_bytes(b"starting\n")
+    os.utime(log, ns=(1_000, 1_000))
+    opened = Path.open
+
+    def write_then_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == log and not getattr(write_then_open, "done", False):
+            write_then_open.done = True  # type: ignore[attr-defined]
+            with opened(self, "ab") as f:
+                f.write(b"READY\n")
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", write_then_open)
+    ready = re.compile(b"READY")
+    assert ready_since(log, 0, ready) is None  # the stat saw no ready line: not this round
+    assert ready_since(log, 0, ready) == log.stat().st_mtime_ns != 1_000  # the next round, with its time
+    assert ready_since(log, log.stat().st_size, ready) is None  # a restart reads from its own offset

@@ -51,6 +51,21 @@ class OwnExit:
     log: Path
 
 
+def ready_since(log: Path, start: int, ready: re.Pattern[bytes]) -> int | None:
+    """Return the time (ns) ``log`` got a line matching ``ready`` after byte ``start``, or None.
+
+    The log's time is when the ready line was written (or a line after it, microseconds later): the
+    ready file carries it, not the polling round's, so a start measured from it (`txchaos bench
+    services --starts`) holds no 20 ms tick. Only the bytes the stat saw are read: a ready line
+    written between the stat and the read would get the older time, so the next round stamps it.
+    """
+    seen = log.stat()
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read(max(0, seen.st_size - start))
+    return seen.st_mtime_ns if ready.search(text) else None
+
+
 class ServicePool(WorkerPool):
     """Run ``instances`` until ``stop``, restarting each when it ends; see the module docstring."""
 
@@ -143,16 +158,10 @@ class ServicePool(WorkerPool):
             if path.exists() or not proc.alive():
                 continue
             try:
-                # The log's time before the read is when the ready line was written (or a line after
-                # it, microseconds later): the ready file carries it, not this round's, so a start
-                # measured from it (`txchaos bench services --starts`) holds no 20 ms polling tick.
-                written = proc.log_path.stat().st_mtime_ns
-                with proc.log_path.open("rb") as f:
-                    f.seek(self._offsets.get(name, 0))
-                    text = f.read()
+                written = ready_since(proc.log_path, self._offsets.get(name, 0), self.ready)
             except OSError:
                 continue
-            if self.ready.search(text):
+            if written is not None:
                 path.touch()
                 os.utime(path, ns=(written, written))
                 if self._on_ready is not None:
