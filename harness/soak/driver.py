@@ -155,17 +155,24 @@ def _points_of(spec: ScenarioSpec) -> tuple[str, ...]:
     return tuple(p for p in spec.flow.points if p.startswith(("after_db", "before_", "after_broker")))
 
 
+def _shape(spec: ScenarioSpec) -> dict[str, Any]:
+    """Return what a schedule may aim at on ``spec``'s flow, as ``plan`` and ``foreign`` take it: the
+    proxies it passes through, its broker, its instances and the crash points a soak arms."""
+    return {
+        "targets": proxies(*_protocols_of(spec)),
+        "broker": _broker_of(spec),
+        "instances": spec.service.instances if spec.service is not None else max(1, spec.workers),
+        "points": _points_of(spec),
+    }
+
+
 def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     """Return the soak's schedule: the one it was given (refused when it names what this flow does
     not have), or one drawn from its kinds and seed."""
     if not isinstance(soak.nemesis, Schedule) and not soak.nemesis:
         return NONE
-    targets = proxies(*_protocols_of(spec))
-    broker = _broker_of(spec)
-    instances = spec.service.instances if spec.service is not None else max(1, spec.workers)
-    points = _points_of(spec)
     if isinstance(soak.nemesis, Schedule):
-        found = foreign(soak.nemesis, targets=targets, broker=broker, instances=instances, points=points)
+        found = foreign(soak.nemesis, **_shape(spec))
         if found:
             more = f" and {len(found) - 3} more" if len(found) > 3 else ""
             raise ConfigError(
@@ -175,7 +182,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
             )
         return soak.nemesis
     armed = [k for k in soak.nemesis if k in ARMED]
-    if armed and not points and soak.nemesis != DEFAULT:  # the default mix takes what the flow has
+    if armed and not _points_of(spec) and soak.nemesis != DEFAULT:  # the default mix takes what the flow has
         raise ConfigError(
             f"--nemesis {','.join(soak.nemesis)}: {spec.label} has no crash point a soak arms, "
             f"so {' and '.join(armed)} would never happen",
@@ -197,16 +204,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
 def _drawn(soak: Soak, spec: ScenarioSpec, length_s: float) -> Schedule:
     """Return the schedule ``soak``'s kinds and seed draw over ``length_s`` on ``spec``'s flow."""
     assert not isinstance(soak.nemesis, Schedule)
-    return plan(
-        soak.nemesis,
-        seed=soak.seed,
-        length_s=length_s,
-        targets=proxies(*_protocols_of(spec)),
-        broker=_broker_of(spec),
-        instances=spec.service.instances if spec.service is not None else max(1, spec.workers),
-        points=_points_of(spec),
-        pace=soak.pace,
-    )
+    return plan(soak.nemesis, seed=soak.seed, length_s=length_s, pace=soak.pace, **_shape(spec))
 
 
 def nemesis_note(soak: Soak, spec: ScenarioSpec, schedule: Schedule) -> str | None:

@@ -90,9 +90,15 @@ def witness_sample(
                 if e.get("kind") == "crash"
             ]
             crashes += [f"kill of {k.worker} (nemesis)" for k in kills_during(w, kills)]
-            entry = {"op": w.op, "msg_ids": list(w.msg_ids), "summary": w.summary, "faults": list(w.faults)}
-            entry["crashes"] = crashes
-            if explain(w):  # a declared check's witness: what it found broken, in words
-                entry["said"] = explain(w)
+            entry = {
+                "op": w.op,
+                "msg_ids": list(w.msg_ids),
+                "summary": w.summary,
+                "faults": list(w.faults),
+                "crashes": crashes,
+            }
+            said = explain(w)  # a declared check's witness: what it found broken, in words
+            if said:
+                entry["said"] = said
             picked.append(entry)
     return sample
