@@ -49,8 +49,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: o
     p.add_argument(
         "--nemesis",
         default="default",
-        help="default | none | a comma list of latency,reset,partition,timeout,kill,crash,broker,postgres "
-        "| a soak folder's nemesis.json",
+        # the kinds are spelled out, not imported: the parser is built for every command (a test holds them equal)
+        help="default | none | a comma list of latency,reset,partition,timeout,kill,pause,freeze,crash,broker,"
+        "postgres | a soak folder's nemesis.json",
     )
     p.add_argument(
         "--option",
@@ -88,6 +89,7 @@ def build_soak(args: argparse.Namespace) -> object:
         nemesis = Schedule.from_records(json.loads(path.read_text()))
     else:
         nemesis = parse_kinds(args.nemesis)
+    _check_verification(getattr(args, "engine", "spark"), getattr(args, "master", None))
     duration = parse_duration(args.duration) if args.duration is not None else None
     spec = specs[0].with_options(parse_options(args.option)) if args.option else specs[0]
     return Soak(
@@ -100,6 +102,20 @@ def build_soak(args: argparse.Namespace) -> object:
         seed=args.seed,
         nemesis=nemesis,
     )
+
+
+def _check_verification(engine: str, master: str | None) -> None:
+    """Refuse a ``--master`` the verification at the end would meet only after the whole soak ran."""
+    if master is None:
+        return
+    if engine != "spark":
+        raise ConfigError(
+            f"--master {master} with --engine {engine}",
+            hint="--master is the Spark verification's master: drop it, or verify with --engine spark",
+        )
+    from harness.verify.spark.session import check_master
+
+    check_master(master)
 
 
 def parse_options(given: list[str]) -> dict[str, object]:

@@ -201,3 +201,34 @@ def test_replaying_a_soak_folder_is_refused_with_the_soak_that_runs_it_again(
 
     given = [again[i + 1] for i, word in enumerate(again) if word == "--option"]
     assert parse_options(given) == options
+
+
+def test_the_soak_help_names_every_nemesis_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.soak.nemesis import KINDS
+
+    with pytest.raises(SystemExit):
+        main(["soak", "--help"])
+    listed = "".join(capsys.readouterr().out.split())  # argparse wraps the help, even inside a word
+    assert f"acommalistof{','.join(KINDS)}|" in listed
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--master", "nope"], "Spark master 'nope' is not a spark:// or local[...] URL"),
+        (["--master", "spark://127.0.0.1:1"], "no Spark master answers at 127.0.0.1:1"),
+        (["--engine", "in-process", "--master", "local[2]"], "--master local[2] with --engine in-process"),
+    ],
+)
+def test_a_soak_refuses_a_bad_verification_before_any_service_starts(
+    extra: list[str], said: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness.cli.stacks as stacks
+
+    def no_stack(*_: object, **__: object) -> None:
+        raise AssertionError("a stack was started")
+
+    monkeypatch.setattr(stacks, "running_stack", no_stack)
+    monkeypatch.chdir(REPO)
+    assert main(["soak", "onepc_crash_gap:naive", "--ops", "10", *extra]) == 2
+    assert said in capsys.readouterr().err
