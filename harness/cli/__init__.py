@@ -83,11 +83,19 @@ def _print_endpoints(endpoints: object) -> None:
 
 def cmd_down(args: argparse.Namespace) -> int:
     from harness.stack.local_state import stop_detached
-    from harness.stack.selection import current_file, load_current
+    from harness.stack.selection import current_file, endpoints_from_env, load_current
 
     ep = load_current()
     if ep is None:
         console.print("no stack is up")
+        named = endpoints_from_env()
+        if named is not None:  # started under another reports folder: say how to reach it
+            root = Path(named.state_dir).parent.parent
+            console.print(
+                f"$TXCHAOS_ENDPOINTS names stack {named.stack_id}, which `txchaos up` started under {root}: "
+                f"stop it with `TXCHAOS_REPORTS={root} txchaos down`",
+                highlight=False,
+            )
         return 0
     if ep.provider == "docker":
         from harness.stack.docker import DockerProvider
@@ -109,17 +117,19 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from harness.clients import db, kafka
     from harness.clients.dtm import DtmClient
-    from harness.stack.selection import load_current
+    from harness.stack.selection import endpoints_from_env, load_current
     from harness.stack.waits import stomp_connected
 
-    ep = load_current()
+    named = endpoints_from_env()  # the stack a run in this shell would use
+    ep = named or load_current()
     if ep is None:
         console.print("no stack is up (start one with `txchaos up`)")
         return 3
-    console.print(f"stack [bold]{ep.stack_id}[/] ({ep.provider}), state in {ep.state_dir}")
+    source = " (named by $TXCHAOS_ENDPOINTS)" if named is not None else ""
+    console.print(f"stack [bold]{ep.stack_id}[/] ({ep.provider}){source}, state in {ep.state_dir}")
     _print_endpoints(ep)
     checks: dict[str, Callable[[], bool]] = {
-        "toxiproxy": stack_alive,
+        "toxiproxy": lambda: stack_alive(ep),
         "postgres": lambda: db.ping(ep.postgres_url),
         "activemq": stomp_connected(ep.stomp.host, ep.stomp.port),
         "kafka": lambda: kafka.broker_ready(ep.kafka.address, 2.0),

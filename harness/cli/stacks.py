@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from harness.stack.base import Endpoints
 
 
-def stack_alive() -> bool:
-    """Tell whether the stack `txchaos up` started still answers (its Toxiproxy API)."""
+def stack_alive(ep: Endpoints | None = None) -> bool:
+    """Tell whether stack ``ep`` (default: the one `txchaos up` started) still answers (its Toxiproxy API)."""
     from harness.clients.toxiproxy import ToxiproxyAdmin
     from harness.stack.selection import load_current
 
-    ep = load_current()
+    ep = ep or load_current()
     if ep is None:
         return False
     try:

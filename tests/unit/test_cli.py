@@ -232,3 +232,24 @@ def test_a_soak_refuses_a_bad_verification_before_any_service_starts(
     monkeypatch.chdir(REPO)
     assert main(["soak", "onepc_crash_gap:naive", "--ops", "10", *extra]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_status_and_down_see_the_stack_txchaos_endpoints_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shell whose runs reach a stack through $TXCHAOS_ENDPOINTS, with another reports folder: `status`
+    probes that stack (nothing answers here), and `down` says how to stop it."""
+    from dataclasses import replace
+
+    started_under = tmp_path / "theirs"
+    state = started_under / "stacks" / "s1"
+    path = replace(fake_endpoints(), state_dir=str(state)).save(state / "endpoints.json")
+    monkeypatch.setenv("TXCHAOS_ENDPOINTS", str(path))
+    monkeypatch.setenv("TXCHAOS_REPORTS", str(tmp_path / "mine"))
+    assert main(["status"]) == 3  # nothing answers
+    out = capsys.readouterr().out
+    assert "stack s1 (local) (named by $TXCHAOS_ENDPOINTS)" in out
+    assert "no stack is up" not in out
+    assert main(["down"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"stop it with `TXCHAOS_REPORTS={started_under} txchaos down`" in out
