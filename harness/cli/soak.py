@@ -186,6 +186,9 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
                 else ""
             )
         )
+    note = result.nemesis_note  # what ran, where the line before the start said what was drawn
+    if note:
+        console.print(f"  [yellow]nemesis: {note}[/]", highlight=False)
     console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
     from harness.soak.driver import SUMMARY, again_command
 

@@ -44,6 +44,7 @@ from harness.soak.nemesis import (
     Timed,
     every_kind_at,
     foreign,
+    kind_of,
     plan,
     undrawn,
 )
@@ -92,6 +93,8 @@ class SoakStats:
     # per heal of a broker or database kill, the seconds until the flow moved again (``RECOVER_S``
     # when it did not): the schedule waited that long before its next step
     recover_s: tuple[float, ...] = ()
+    # the nemesis kinds the driver opened or armed, in the order it first did (None: not told)
+    kinds_opened: tuple[str, ...] | None = None
 
     @property
     def unrecovered(self) -> int:
@@ -113,8 +116,10 @@ class SoakResult(RunResult):
 
     @property
     def nemesis_note(self) -> str | None:
-        """Return which kinds the soak asked for and its schedule never drew (``nemesis_note``), if any."""
-        return nemesis_note(self.soak, self.spec, self.schedule)
+        """Return which kinds the soak asked for and never opened or armed (``nemesis_note``), if any:
+        an ``--ops`` soak's schedule is drawn for a slow flow, and a fast one ends before much of it."""
+        ran = None if self.stats.kinds_opened is None else (self.stats.kinds_opened, self.stats.submit_s)
+        return nemesis_note(self.soak, self.spec, self.schedule, ran=ran)
 
 
 def soak_spec(soak: Soak) -> ScenarioSpec:
@@ -207,16 +212,26 @@ def _drawn(soak: Soak, spec: ScenarioSpec, length_s: float) -> Schedule:
     return plan(soak.nemesis, seed=soak.seed, length_s=length_s, pace=soak.pace, **_shape(spec))
 
 
-def nemesis_note(soak: Soak, spec: ScenarioSpec, schedule: Schedule) -> str | None:
+def nemesis_note(
+    soak: Soak, spec: ScenarioSpec, schedule: Schedule, *, ran: tuple[tuple[str, ...], float] | None = None
+) -> str | None:
     """Return, for a drawn schedule that leaves out kinds the flow could take, which ones, and how
-    long a soak of this seed must run to draw them all (None when it draws every kind)."""
+    long a soak of this seed must run to draw them all (None when it draws every kind).
+
+    ``ran`` (the kinds the soak opened or armed, and the seconds it submitted for) makes it the
+    note of what the soak did rather than of what its schedule holds.
+    """
     if isinstance(soak.nemesis, Schedule) or not schedule.entries:
         return None
     takes = tuple(k for k in schedule.kinds if k not in ARMED or _points_of(spec))
-    missing = undrawn(schedule, takes)
+    if ran is None:
+        missing = undrawn(schedule, takes)
+        said = f"this schedule does not draw {', '.join(missing)}"
+    else:
+        missing = tuple(k for k in takes if k not in ran[0])
+        said = f"this soak opened no {', '.join(missing)} in its {ran[1]:.0f}s of submitting"
     if not missing:
         return None
-    said = f"this schedule does not draw {', '.join(missing)}"
     by = every_kind_at(_drawn(soak, spec, EVERY_KIND_WITHIN_S), takes)
     if by is None:
         return said
@@ -252,6 +267,7 @@ class _Driver:
         self._pace = (Path(session.folder.path) / PACE_LOG).open("a")
         self.rss_mb = 0.0  # the largest resident size seen at a report, while driving
         self.skipped = 0  # arms due after the last submission, not applied
+        self.opened: list[str] = []  # the nemesis kinds applied, in the order they first were
         self._out_seen, self._out_moved = -1, 0.0  # the last count out and when it last moved
         # The broker the driver submits to: while a kill -9 of it is open, submitting waits (the
         # driver could only block on a dead broker, and the heal that restarts it is this loop's).
@@ -309,6 +325,9 @@ class _Driver:
             # less than it says. Crashes and freezes are drawn while operations are submitted.
             self.skipped += 1
             return
+        kind = kind_of(step)
+        if kind is not None and kind not in self.opened:
+            self.opened.append(kind)
         if isinstance(step, ArmAhead):
             # A freeze at a crash point is an arm: the worker stops itself when it gets there, and
             # the ledger has it as that crash's firing, not as a fault window. ``windows`` counts
@@ -521,6 +540,7 @@ def run_soak(
         kills=driver.kills,
         crashes_armed=driver.arms,
         arms_skipped=driver.skipped,
+        kinds_opened=tuple(driver.opened),
         submit_s=round(driver.last - driver.first, 3),
         close_s=round(ended - closing, 3),
         wall_s=round(ended - driver.first, 3),

@@ -688,3 +688,28 @@ def test_the_soaks_summary_keeps_the_kinds_its_schedule_never_drew(tmp_path: Pat
     short = summary(Soak(spec, duration_s=30, workers=2, seed=0))
     assert short["nemesis_note"].startswith("this schedule does not draw partition, freeze, broker;"), short
     assert summary(Soak(spec, duration_s=30, workers=2, seed=0, nemesis=("kill",)))["nemesis_note"] is None
+
+
+def test_after_the_soak_the_note_says_which_kinds_it_opened_not_which_its_schedule_holds(tmp_path: Path) -> None:
+    # An --ops soak's schedule is drawn for a slow flow (four times the estimate): a fast flow ends
+    # before most of it, and the note of the schedule would say every kind came.
+    from harness.soak.driver import SUMMARY, SoakResult, SoakStats, write_summary
+    from harness.verify.verdict import Verdict
+
+    (spec,) = resolve("onepc_crash_gap:check-then-skip", 0, SCENARIOS)
+    soak = Soak(spec, ops=200_000, workers=2, seed=0)
+    ran = soak_spec(soak)
+    schedule = schedule_of(soak, ran)
+    assert nemesis_note(soak, ran, schedule) is None  # the schedule draws every kind
+
+    def note(opened: tuple[str, ...] | None) -> object:
+        stats = SoakStats(200_000, 1, 0, 0, 0, 41.6, 7.0, 49.0, 1.0, 1.0, False, kinds_opened=opened)
+        write_summary(SoakResult(tmp_path, Verdict({}, (), {}, "in-process"), ran, soak, schedule, stats))
+        return json.loads((tmp_path / SUMMARY).read_text())["nemesis_note"]
+
+    said = note(("latency", "reset", "kill"))
+    assert isinstance(said, str)
+    assert said.startswith("this soak opened no partition, pause, freeze, crash, broker, postgres in its 42s"), said
+    assert re.search(r"every kind comes by [\d.]+s \(--duration \d+s\)", said), said
+    assert note(DEFAULT) is None  # it opened every kind
+    assert note(None) is None  # a result that does not tell: the schedule's note
