@@ -11,7 +11,9 @@ When an operation completes follows the verification model (``verify/model.py``)
 ``downstream`` event (``FIRST_TS``, the event the verdict's latency runs to), or, in a flow without
 downstream output (the ledger holds no ``downstream`` event at all), at its last commit (DB or
 broker). Latency runs from the operation's first submit to its completion; an operation completed
-before it was submitted has clocks that disagree and gets no latency, as in the verdict.
+before it was submitted has clocks that disagree and gets no latency, as in the verdict. An
+operation the flow started itself (a saga's step: its submit recorded at the close, after its
+commits) is left out of the series and counted apart (``by_flow``).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class SoakData:
     crashes: Ticks
     restarts: Ticks
     x_range: tuple[float, float]
+    by_flow: int = 0  # operations the flow started itself, left out of ``operations`` and the series
 
 
 def _np(values: pa.Array | pa.ChunkedArray) -> I64:
@@ -328,6 +331,14 @@ def soak_data(ledger_dir: Path, anomalies: Mapping[str, Iterable[str]] | None = 
         empty = per_second(pa.table({"submit_ns": pa.array([], pa.int64()), "done_ns": pa.array([], pa.int64())}), 0)
         return SoakData(0, "downstream", 0, empty, (), (), Ticks(), Ticks(), (0.0, 1.0))
     ops, ctl = pa.concat_tables(times), pa.concat_tables(control)
+    # The driver writes an operation's submit before it sends it. An operation whose submit comes
+    # after all its commits and output was started by the flow (a saga's step) and recorded as
+    # submitted at the close: it was never submitted then, so the series count the driver's own.
+    # (A writer whose clock runs behind puts one event early, not every one: that is skew.)
+    ended = pc.max_element_wise(ops["commit_ns"], ops["down_ns"], skip_nulls=True)
+    by_flow = pc.fill_null(pc.greater(ops["submit_ns"], ended), False)
+    n_by_flow = int(pc.sum(by_flow).as_py() or 0)
+    ops = ops.filter(pc.invert(by_flow)) if n_by_flow else ops
     # a flow without output ends at its commits; a ledger with neither is judged by the usual rule
     no_output = not pc.any(pc.is_valid(ops["down_ns"])).as_py() and pc.any(pc.is_valid(ops["commit_ns"])).as_py()
     completed_by = "commit" if no_output else "downstream"
@@ -353,4 +364,5 @@ def soak_data(ledger_dir: Path, anomalies: Mapping[str, Iterable[str]] | None = 
         crashes=ticks(crash_ns, t0, resolution),
         restarts=ticks(restart_ns, t0, resolution),
         x_range=(lo, hi),
+        by_flow=n_by_flow,
     )

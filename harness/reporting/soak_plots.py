@@ -129,6 +129,8 @@ def _draw_rates(ax: Axes, data: SoakData) -> None:
     note = f"{done:,} of {data.operations:,} operations completed, {_COMPLETED_BY[data.completed_by]}"
     if done <= 1:
         note += ": too few for a rate"
+    if data.by_flow:
+        note += f"; {data.by_flow:,} steps the flow started itself left out"
     panel_note(ax, note)
 
 

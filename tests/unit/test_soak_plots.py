@@ -237,3 +237,28 @@ def test_the_legend_says_when_a_class_shows_only_the_verdicts_witnesses(
     )
     assert "lost (1 of 202: the verdict's witnesses)" in legends[0]
     assert "duplicate-output (1)" in legends[0]  # every one of them is marked
+
+
+def test_a_step_the_flow_started_itself_is_no_submission_of_the_driver(tmp_path: Path) -> None:
+    # A saga's step has its own events (the participant's) and a submit the close records after them:
+    # counted as submitted at the close, it drew a spike there and "completed before their submission".
+    run = _run(
+        tmp_path,
+        [
+            (0.0, "run_start", None, None, "driver"),
+            (0.1, "submit", "op-1", None, "driver"),
+            (0.2, "deliver", "op-1", None, "orchestrator"),
+            (0.3, "db_commit", "op-1", None, "orchestrator"),
+            (0.4, "deliver", "op-1.pay", None, "payment"),
+            (0.5, "db_commit", "op-1.pay", None, "payment"),
+            (9.0, "submit", "op-1.pay", None, "driver"),  # recorded at the close, by="orchestrator"
+        ],
+    )
+    data = soak_data(run / "ledger")
+    assert (data.operations, data.by_flow) == (1, 1)
+    assert sum(data.series.submitted) == 1
+    assert sum(data.series.completed) == 1
+    assert data.series.skewed == 0
+    assert data.series.p99_ms[0] == pytest.approx(200.0)  # op-1: submitted at 0.1 s, last commit at 0.3 s
+    draw_soak(data, tmp_path / "soak.png", title="steps")
+    _assert_png(tmp_path / "soak.png")
