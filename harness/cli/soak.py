@@ -37,7 +37,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: o
     bound.add_argument("--duration", default=None, help="how long to submit: 90s, 10m, 1h (default 60s)")
     bound.add_argument("--ops", type=int, default=None, help="how many operations to submit")
     p.add_argument("--workers", type=int, default=2, help="worker processes (a service's instances); default 2")
-    p.add_argument("--rate", type=float, default=None, help="operations a second (open loop); default: closed loop")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="operations a second (open loop); default: closed loop (a saga or DTM flow, which counts no "
+        "output while it runs: 20 ops/s)",
+    )
     p.add_argument(
         "--window",
         type=int,

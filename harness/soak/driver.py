@@ -49,7 +49,7 @@ from harness.soak.nemesis import (
     undrawn,
 )
 from harness.soak.room import Room, check_room
-from harness.soak.spec import Soak
+from harness.soak.spec import PACED_RATE, Soak
 from harness.soak.witnesses import nemesis_kills, witness_sample
 from harness.stack.base import Endpoints
 
@@ -62,7 +62,6 @@ STALL_S = 20.0  # draining ends when nothing more came out for this long
 # than a rest, and restarts named alone then followed each other with nothing out in between.
 RECOVER_S = 60.0
 EVERY_KIND_WITHIN_S = 3600.0  # how far ahead a note looks for the time a seed has drawn every kind
-OPEN_LOOP_DEFAULT = 20.0  # ops/s when the flow cannot say how many operations came out
 ROOM_EVERY_S = 2.0  # between looks at the disk's free space (a statvfs and a stat per segment)
 # The protocol whose proxy a flow's broker faults open on, by transport.
 # A built-in flow's transport -> the protocol of its broker (DTM for the HTTP flow: its coordinator).
@@ -196,7 +195,7 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
         )
     # By operations as fast as the flow goes, the run may take longer than estimated: draw enough to
     # keep the nemesis busy. By time, or by operations at a rate, the length is known.
-    length = soak.length_s if soak.duration_s is not None or soak.rate else soak.length_s * 4
+    length = soak.length_s if soak.duration_s is not None or soak.pace_rate else soak.length_s * 4
     schedule = _drawn(soak, spec, length)
     if not schedule.entries:  # judged clean, it would say the flow held under faults that never came
         raise ConfigError(
@@ -313,7 +312,7 @@ class _Driver:
         limit = soak.ops if soak.ops is not None else 10**12
         out = session.out_count()
         if soak.rate is not None or out is None:
-            rate = soak.rate or OPEN_LOOP_DEFAULT
+            rate = soak.pace_rate or PACED_RATE  # a flow that counts nothing out: paced
             return min(limit, int(rate * self.elapsed()) + 1)
         return min(limit, out + soak.in_flight)
 

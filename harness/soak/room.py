@@ -51,8 +51,8 @@ def estimated_ops(soak: Soak) -> int | None:
     """Return how many operations ``soak`` submits, when that is known before it runs."""
     if soak.ops is not None:
         return soak.ops
-    if soak.rate is not None and soak.duration_s is not None:
-        return int(soak.rate * soak.duration_s) + 1
+    if soak.pace_rate is not None and soak.duration_s is not None:
+        return int(soak.pace_rate * soak.duration_s) + 1
     return None  # a closed loop for a time: as many as the flow takes, watched by ``Room`` instead
 
 

@@ -19,6 +19,7 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.soak.nemesis import DEFAULT, KINDS, Pace, Schedule
 
 MAX_OPS = 10_000_000
+PACED_RATE = 20.0  # ops/s of a soak with no rate whose flow cannot count what came out (no closed loop)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -74,6 +75,12 @@ class Soak:
                 f"soak window={self.window} with rate={self.rate:g}",
                 hint="the window bounds the closed loop only: drop the window, or the rate for a closed loop",
             )
+        if self.window and self.paced:
+            raise ConfigError(
+                f"soak window={self.window} of {self.scenario.label}",
+                hint=f"its flow cannot count what came out while it runs, so its soak is paced ({PACED_RATE:g} "
+                "ops/s, or the rate you give), not a closed loop: drop the window",
+            )
         check_seconds("soak quiesce_s", self.quiesce_s, 1, 24 * 3600)
         check_seconds("soak tick_s", self.tick_s, 0.01, 10)
         if self.expect is not None and not isinstance(self.expect, frozenset):
@@ -86,12 +93,23 @@ class Soak:
                 )
 
     @property
+    def paced(self) -> bool:
+        """Whether the soak runs at ``PACED_RATE`` for want of a closed loop (no rate given, and its
+        flow cannot count the operations out while it runs: a saga, a DTM transfer)."""
+        return self.rate is None and not self.scenario.flow.counts_out
+
+    @property
+    def pace_rate(self) -> float | None:
+        """The operations a second the soak submits (None: a closed loop, as fast as the flow goes)."""
+        return PACED_RATE if self.paced else self.rate
+
+    @property
     def length_s(self) -> float:
         """The seconds the schedule covers: the duration, else an estimate from the rate (or 60 s)."""
         if self.duration_s is not None:
             return self.duration_s
-        if self.ops is not None and self.rate is not None:
-            return self.ops / self.rate
+        if self.ops is not None and self.pace_rate is not None:
+            return self.ops / self.pace_rate
         return 60.0 if self.ops is None else max(60.0, self.ops / 100)
 
     @property
@@ -122,6 +140,8 @@ class Soak:
     def label(self) -> str:
         bound = f"{self.ops:,} ops" if self.ops is not None else f"{self.length_s:g}s"
         pace = f"{self.rate:g} ops/s" if self.rate else "closed loop"
+        if self.paced:
+            pace = f"{PACED_RATE:g} ops/s: its flow counts no output while it runs"
         workers = f"{self.workers} worker" + ("s" if self.workers != 1 else "")
         if self.partitions is not None:
             workers += f" on {self.partitions} partition" + ("s" if self.partitions != 1 else "")

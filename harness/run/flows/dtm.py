@@ -307,5 +307,6 @@ FLOW = register(
         refusal="the DTM run has one service and its helpers (the branch): leave those out",
         parse=DtmHolds.from_options,
         label="DTM",
+        counts_out=False,
     )
 )

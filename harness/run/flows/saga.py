@@ -368,5 +368,6 @@ FLOW = register(
         parts=Parts(SagaTopics, SagaStarts, sagas_final, saga_books),
         parse=SagaSettings.from_options,
         check_spec=_check,
+        counts_out=False,
     )
 )

@@ -68,6 +68,9 @@ class Flow:
     parse: Callable[[dict[str, Any]], object] = field(default=no_settings, compare=False, repr=False)
     check_spec: Callable[[Any], None] | None = field(default=None, compare=False, repr=False)
     label: str = ""  # how a refusal names a scenario of the flow ("a stage scenario with ...")
+    # whether its workload counts the operations out while it runs: a soak's closed loop needs it
+    # (a saga's or a DTM transfer's end is known only to the books at the close)
+    counts_out: bool = True
 
     def __post_init__(self) -> None:
         if not self.accepts <= set(OPTIONAL_FIELDS):
