@@ -62,3 +62,24 @@ def test_a_replica_with_nothing_downstream_is_fed_as_its_group_commits(txchaos_s
     # The count the loop waited on is the group's: what it committed, every event in the end.
     lines = [json.loads(line) for line in (result.run_dir / PACE_LOG).read_text().splitlines()]
     assert max(line["out"] for line in lines) > soak.in_flight, lines[-3:]
+
+
+def test_a_saga_soak_is_a_closed_loop_on_the_sagas_final_and_plots_its_own_operations(txchaos_soak) -> None:  # type: ignore[no-untyped-def]
+    # A saga's soak counted nothing out: it ran paced at 20 sagas/s while its label said "closed
+    # loop", and its plot counted each saga's two steps (submitted by the close, after their
+    # commits) as submissions at the end.
+    from harness.reporting.soak_data import soak_data
+
+    (spec,) = resolve("kafka_saga:fixed", 1, HERE)
+    soak = Soak(spec, duration_s=10.0, workers=1, nemesis=(), seed=1)
+    assert "closed loop" in soak.label
+    result = txchaos_soak(soak)
+    assert result.verdict.clean, result.verdict.headline()
+    lines = [json.loads(line) for line in (result.run_dir / PACE_LOG).read_text().splitlines()]
+    outs = [line["out"] for line in lines]
+    assert None not in outs, lines[:3]  # the loop waited on a count: the sagas final
+    assert max(outs) == result.stats.submitted, (lines[-3:], result.stats)  # every saga final in the end
+    data = soak_data(result.run_dir / "ledger")
+    assert data.operations == result.stats.submitted
+    assert data.by_flow == 2 * result.stats.submitted  # each saga's payment and seat steps
+    assert sum(data.series.submitted) == result.stats.submitted

@@ -41,8 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], seed: o
         "--rate",
         type=float,
         default=None,
-        help="operations a second (open loop); default: closed loop (a saga or DTM flow, which counts no "
-        "output while it runs: 20 ops/s)",
+        help="operations a second (open loop); default: closed loop (a DTM flow, which counts no output while "
+        "it runs: 20 ops/s)",
     )
     p.add_argument(
         "--window",

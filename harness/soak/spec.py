@@ -95,7 +95,7 @@ class Soak:
     @property
     def paced(self) -> bool:
         """Whether the soak runs at ``PACED_RATE`` for want of a closed loop (no rate given, and its
-        flow cannot count the operations out while it runs: a saga, a DTM transfer)."""
+        flow cannot count the operations out while it runs: a DTM transfer)."""
         return self.rate is None and not self.scenario.flow.counts_out
 
     @property

@@ -716,16 +716,21 @@ def test_after_the_soak_the_note_says_which_kinds_it_opened_not_which_its_schedu
 
 
 def test_a_flow_that_counts_no_output_is_paced_and_its_label_says_so() -> None:
-    # A saga's soak with no rate ran at 20 ops/s while its label said "closed loop".
-    (saga,) = resolve("kafka_saga:fixed", 0, SCENARIOS)
-    soak = Soak(saga, duration_s=40, workers=2)
+    # A DTM soak with no rate runs at 20 ops/s (nothing counts a transfer out while it runs); its
+    # label said "closed loop", and a window given for it was ignored.
+    (dtm,) = resolve("dtm_transfer:after-commit", 0, SCENARIOS)
+    soak = Soak(dtm, duration_s=40, workers=2)
     assert soak.paced
     assert soak.pace_rate == 20.0
-    assert soak.label == "soak kafka_saga:fixed (40s, 2 workers, 20 ops/s: its flow counts no output while it runs)"
-    assert Soak(saga, ops=800).length_s == 40.0  # its schedule covers the 40 s it submits
-    with pytest.raises(ConfigError, match="soak window=50 of kafka_saga:fixed"):
-        Soak(saga, window=50)
-    assert not Soak(saga, rate=5.0).paced  # a rate given is the pace
-    (stage,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
-    assert not Soak(stage).paced
-    assert Soak(stage).pace_rate is None
+    assert (
+        soak.label
+        == "soak dtm_transfer:after-commit (40s, 2 workers, 20 ops/s: its flow counts no output while it runs)"
+    )
+    assert Soak(dtm, ops=800).length_s == 40.0  # its schedule covers the 40 s it submits
+    with pytest.raises(ConfigError, match="soak window=50 of dtm_transfer:after-commit"):
+        Soak(dtm, window=50)
+    assert not Soak(dtm, rate=5.0).paced  # a rate given is the pace
+    for closed in ("kafka_consumer:inbox-offset", "kafka_saga:fixed"):  # a saga counts the sagas final
+        (spec,) = resolve(closed, 0, SCENARIOS)
+        assert not Soak(spec).paced
+        assert Soak(spec).pace_rate is None

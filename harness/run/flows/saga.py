@@ -36,7 +36,16 @@ from harness.clients import db, kafka
 from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.patterns.kafka_saga import EFFECT_TABLES, is_final
-from harness.patterns.saga_options import ORCHESTRATOR, PAYMENT, PROCESSES, SEAT, SagaOptions, first_step_of, step_op
+from harness.patterns.saga_options import (
+    FINAL_STATES,
+    ORCHESTRATOR,
+    PAYMENT,
+    PROCESSES,
+    SEAT,
+    SagaOptions,
+    first_step_of,
+    step_op,
+)
 from harness.poll import deadline_in, poll_until
 from harness.run.core.books import Book
 from harness.run.core.parts import worker_spec
@@ -219,6 +228,22 @@ class SagaStarts(Plain):
     place: SagaTopics
     refused: set[str] = field(default_factory=set)
     flaky: set[str] = field(default_factory=set)
+    _final: int = field(default=0, init=False)  # the sagas final at the last count
+
+    def out_count(self) -> int | None:
+        """Return how many sagas are final now (a soak's closed loop keeps started minus final under
+        its window); while the database cannot answer (a kill of it), the count it last gave."""
+        try:
+            with self.session.engine("out_count").connect() as conn:
+                final = conn.execute(
+                    text("SELECT count(*) FROM sagas WHERE state = ANY(:final)"), {"final": sorted(FINAL_STATES)}
+                ).scalar_one()
+        except Exception as exc:
+            if not db.is_connection_error(exc):
+                raise
+            return self._final
+        self._final = int(final)
+        return self._final
 
     def alone(self) -> set[int]:
         # A saga a crash names starts alone, the flow quiet before and after it: the scenario's
@@ -368,6 +393,5 @@ FLOW = register(
         parts=Parts(SagaTopics, SagaStarts, sagas_final, saga_books),
         parse=SagaSettings.from_options,
         check_spec=_check,
-        counts_out=False,
     )
 )

@@ -69,7 +69,7 @@ class Flow:
     check_spec: Callable[[Any], None] | None = field(default=None, compare=False, repr=False)
     label: str = ""  # how a refusal names a scenario of the flow ("a stage scenario with ...")
     # whether its workload counts the operations out while it runs: a soak's closed loop needs it
-    # (a saga's or a DTM transfer's end is known only to the books at the close)
+    # (a DTM transfer's end is known only to the books at the close)
     counts_out: bool = True
 
     def __post_init__(self) -> None:
