@@ -35,7 +35,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     for r in picked.remove:
         console.print(f"{verb} {r.path.name}  ({r.size / 1e6:,.1f} MB, {_age(now - r.started)} old)")
     for r in picked.busy:
-        console.print(f"[yellow]kept {r.path.name}: in use (a run may still write to it)[/]")
+        console.print(f"[yellow]kept {r.path.name}: in use ({r.busy})[/]", highlight=False)
     total = sum(r.size for r in picked.remove)
     if args.dry_run:
         console.print(

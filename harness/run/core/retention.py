@@ -34,6 +34,7 @@ class RunDir:
     path: Path
     started: float  # seconds since the epoch
     size: int
+    busy: str = ""  # why a prune keeps it although the rules picked it (in use), in words
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,17 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
 
 
-def _busy(folder: Path, files: list[Path], now: float) -> bool:
+def _busy(folder: Path, files: list[Path], now: float) -> str:
+    """Return why ``folder`` is in use (empty when it is not)."""
     if compacting(folder / "ledger"):
-        return True  # a soak compacting its ledger right now
-    return any(now - p.stat().st_mtime < BUSY_S for p in files)
+        return "a soak is compacting its ledger"
+    newest = max((p.stat().st_mtime for p in files), default=0.0)
+    if now - newest < BUSY_S:
+        return (
+            f"written {max(0.0, now - newest) / 60:.0f}m ago; a folder written in the last "
+            f"{BUSY_S / 60:.0f}m may belong to a run still going"
+        )
+    return ""
 
 
 def run_dirs(root: Path) -> list[RunDir]:
@@ -98,8 +106,8 @@ def plan(root: Path, *, older_than_s: float | None, keep: int | None, now: float
         if r.path in newest or (older_than_s is not None and now - r.started <= older_than_s):
             continue
         files = _files(r.path)
-        sized = RunDir(r.path, r.started, sum(p.stat().st_size for p in files))
-        (busy if _busy(r.path, files, now) else remove).append(sized)
+        sized = RunDir(r.path, r.started, sum(p.stat().st_size for p in files), _busy(r.path, files, now))
+        (busy if sized.busy else remove).append(sized)
     return Plan(tuple(remove), tuple(busy), len(dirs) - len(remove))
 
 
