@@ -206,7 +206,8 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
             if w.get("said") and not w["faults"] and not w["crashes"]:  # a check of the books at the close
                 console.print(f"  {anomaly}: {w['said']}", highlight=False)
             else:
-                console.print(f"  {anomaly}: op {w['op']} during {during}", highlight=False)
+                after = f"; {w['after']}" if w.get("after") else ""
+                console.print(f"  {anomaly}: op {w['op']} during {during}{after}", highlight=False)
     if stats.error:
         console.print(f"[red]  {stats.error}[/]")
         console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")

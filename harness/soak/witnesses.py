@@ -27,6 +27,7 @@ SAMPLE_PER_CLASS = 5  # witnesses per class in soak.json and on the console
 CRASH = KIND_CODES[str(Kind.CRASH)]
 DRIVER = "driver"  # the ledger source of the run's own events: submissions, outputs, the books
 SNAPSHOT = frozenset(str(k) for k in SPAN_EXCLUDED)  # written at close: they do not stretch the span
+UNFINISHED = frozenset({"lost", "stuck", "in-doubt"})  # classes whose operation stopped short of its end
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,36 @@ def kills_during(witness: Witness, kills: Sequence[Kill]) -> list[Kill]:
     return [k for k in kills if first <= k.ts_ns <= last and (k.worker in writers or not writers)]
 
 
+def next_fault(witness: Witness, faults: Sequence[dict[str, Any]], kills: Sequence[Kill]) -> str | None:
+    """Return, in words, the first fault window or kill after ``witness``'s last event (None: none came).
+
+    An operation that never reached its end (lost, stuck) has a span that stops at its last event:
+    a service that acknowledged it first and then died with the database writes nothing more, so no
+    window overlaps it, yet the one that opened next is what a person looks at first.
+    """
+    events = [e for e in witness.events if e.get("kind") not in SNAPSHOT]
+    if not events:
+        return None
+    last = max(int(e["ts_ns"]) for e in events)
+    after = [
+        (int(f.get("fired_ns") or f["armed_ns"]), str(f["name"]))
+        for f in faults
+        if f.get("type") == "fault" and f.get("armed_ns") is not None and int(f.get("fired_ns") or f["armed_ns"]) > last
+    ]
+    after += [(k.ts_ns, f"a kill of {k.worker} (nemesis)") for k in kills if k.ts_ns > last]
+    if not after:
+        return None
+    at, name = min(after)
+    return f"its last event came {(at - last) / 1e9:.1f}s before {name}"
+
+
 def witness_sample(
     verdict: Verdict, kills: Sequence[Kill] = (), per_class: int = SAMPLE_PER_CLASS
 ) -> dict[str, list[dict[str, Any]]]:
     """Return up to ``per_class`` witnesses of each anomaly class, each with the fault windows that
     overlapped its operation, the crashes (kills, freezes) in its chain and the ``kills`` of its
-    workers while it was in flight."""
+    workers while it was in flight; an operation that stopped short of its end (``UNFINISHED``)
+    with none of these gets the fault that came next (``after``)."""
     sample: dict[str, list[dict[str, Any]]] = {}
     for w in verdict.witnesses:
         picked = sample.setdefault(w.anomaly, [])
@@ -97,6 +122,10 @@ def witness_sample(
                 "faults": list(w.faults),
                 "crashes": crashes,
             }
+            if w.anomaly in UNFINISHED and not w.faults and not crashes:
+                after = next_fault(w, verdict.faults, kills)
+                if after:
+                    entry["after"] = after
             said = explain(w)  # a declared check's witness: what it found broken, in words
             if said:
                 entry["said"] = said

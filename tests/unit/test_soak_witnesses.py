@@ -103,3 +103,25 @@ def test_an_invariant_witness_says_what_the_books_show_not_a_fault_it_fell_in() 
     (said,) = sample["invariant-broken"]
     assert said["said"].startswith("sum(accounts.balance) = 1,040, expected 1,000: op")
     assert "said" not in sample["duplicate-effect"][0]
+
+
+def test_an_operation_that_stopped_short_gets_the_fault_that_came_next() -> None:
+    # A service that acknowledged a message first and then died with the database wrote nothing
+    # more: the lost operation's span ends at its submit, no window overlaps it, and the sample
+    # said "during no fault window or kill" about an operation lost 0.8 s before kill9:postgres.
+    lost = Witness("lost", "op-1", (), {"submitted": 1}, (_event(5, "driver", Kind.SUBMIT),))
+    faults = (
+        {"type": "fault", "name": "latency:postgres", "armed_ns": 2, "fired_ns": 2, "end_ns": 4},  # before it
+        {"type": "fault", "name": "kill9:postgres", "armed_ns": 805, "fired_ns": 805, "end_ns": 900},
+        {"type": "crash", "name": "after_db_commit", "armed_ns": 6, "fired_ns": 7},  # not a window
+    )
+    duplicate = Witness("duplicate-effect", "op-2", (), {"effects": 2}, (_event(5, "driver", Kind.SUBMIT),))
+    verdict = Verdict({"lost": 1, "duplicate-effect": 1}, (lost, duplicate), {}, "in-process", faults=faults)
+    sample = witness_sample(verdict, [Kill(2_000_000_005, "svc-0")])
+    assert sample["lost"][0]["after"] == "its last event came 0.0s before kill9:postgres"
+    assert "after" not in sample["duplicate-effect"][0]  # a duplicate with no fault is the flow's own race
+    later = witness_sample(
+        Verdict({"lost": 1}, (lost,), {}, "in-process", faults=faults[:1]), [Kill(1_500_000_005, "svc-0")]
+    )
+    assert later["lost"][0]["after"] == "its last event came 1.5s before a kill of svc-0 (nemesis)"
+    assert "after" not in witness_sample(Verdict({"lost": 1}, (lost,), {}, "in-process"))["lost"][0]  # nothing came
