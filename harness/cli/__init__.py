@@ -21,7 +21,7 @@ from rich.status import Status
 from rich.table import Table
 
 from harness.cli.args import SCENARIO_HELP, SEED_HELP
-from harness.cli.output import console
+from harness.cli.output import console, expectation
 from harness.cli.stacks import running_stack, stack_alive
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
 from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
@@ -156,10 +156,8 @@ def _show(result: RunResult, replay_hint: str) -> int:
     verdict, spec = result.verdict, result.spec
     colour = "green" if verdict.clean else "red"
     console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
-    if spec.expect or not verdict.clean:  # a known-bad variant's anomalies are what it exists to show
-        wanted = ", ".join(sorted(spec.expect)) or "a clean run"
-        said = "as expected" if result.as_expected else "[red]UNEXPECTED[/]"
-        said += f": the scenario expects {wanted}"
+    said = expectation(result)  # a known-bad variant's anomalies are what it exists to show
+    if said:
         console.print(f"  {said}")
     console.print(f"  run folder: {result.run_dir}")
     for w in verdict.witnesses[:5]:

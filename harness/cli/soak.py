@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cli.output import console
+from harness.cli.output import console, expectation
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     plot = render_soak(result)
     colour = "green" if verdict.clean else "red"
     console.print(f"[bold]{result.soak.label}[/]: [{colour}]{verdict.headline()}[/]")
+    said = expectation(result)  # a naive variant's soak exists to show its anomalies, as a run does
+    if said:
+        console.print(f"  {said}")
     console.print(
         f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; submitting "
         f"{stats.submit_s:.1f}s, closing {stats.close_s:.1f}s); {stats.windows} fault window(s), "

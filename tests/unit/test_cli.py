@@ -253,3 +253,19 @@ def test_status_and_down_see_the_stack_txchaos_endpoints_names(
     assert main(["down"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"stop it with `TXCHAOS_REPORTS={started_under} txchaos down`" in out
+
+
+def test_a_run_or_soak_says_whether_it_found_what_its_scenario_expects(tmp_path: Path) -> None:
+    from harness.cli.output import expectation
+    from harness.run.core.outcome import RunResult
+    from harness.run.spec.files import resolve
+    from harness.verify.verdict import Verdict
+
+    (naive,) = resolve(str(REPO / "scenarios/onepc_crash_gap_scenario.py:naive"), 0)
+    (fixed,) = resolve(str(REPO / "scenarios/onepc_crash_gap_scenario.py:check-then-skip-locked"), 0)
+    dup = Verdict({"duplicate-effect": 1}, (), {}, "in-process")
+    clean = Verdict({}, (), {}, "in-process")
+    assert expectation(RunResult(tmp_path, dup, naive)) == "as expected: the scenario expects duplicate-effect"
+    assert expectation(RunResult(tmp_path, clean, naive)) == "[red]UNEXPECTED[/]: the scenario expects duplicate-effect"
+    assert expectation(RunResult(tmp_path, dup, fixed)) == "[red]UNEXPECTED[/]: the scenario expects a clean run"
+    assert expectation(RunResult(tmp_path, clean, fixed)) is None
