@@ -69,7 +69,8 @@ def make_provider(
         if problem is not None:
             raise ConfigError(
                 f"provider 'docker' asked for, but it cannot run the stack here: {problem}",
-                hint="fix that, or use --provider local (real binaries, no containers; `txchaos install` sets them up)",
+                hint="`txchaos install --docker` sets up the engine, Compose v2 and the images (docs/docker.md); "
+                "or use --provider local (real binaries, no containers; `txchaos install` sets them up)",
             )
         return DockerProvider(detached=detached)
     from harness.stack.local import LocalProvider

@@ -81,6 +81,7 @@ def test_docker_asked_for_but_unusable_is_a_config_error(docker_ready: None, mon
     with pytest.raises(ConfigError, match=r"provider 'docker' asked for, but .*postgres:15") as info:
         selection.make_provider("docker")
     assert "--provider local" in (info.value.hint or "")
+    assert "`txchaos install --docker` sets up the engine" in (info.value.hint or "")
 
 
 def test_auto_announces_its_choice_once(docker_ready: None, monkeypatch: pytest.MonkeyPatch) -> None:
