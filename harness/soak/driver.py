@@ -205,6 +205,16 @@ def schedule_of(soak: Soak, spec: ScenarioSpec) -> Schedule:
     return schedule
 
 
+def _scheduled(soak: Soak, schedule: Schedule) -> str:
+    """Return how many fault windows ``schedule`` holds, in words; for a closed loop bounded by
+    operations, over how long: it meets only those due before its last submission."""
+    said = f"{schedule.windows} fault window(s) scheduled"
+    if soak.ops is None or soak.pace_rate is not None or not schedule.entries:
+        return said
+    span = max(t.at_s for t in schedule.entries)
+    return f"{said} over {span:.0f}s (as fast as the flow goes, it meets those due before its last operation)"
+
+
 def _drawn(soak: Soak, spec: ScenarioSpec, length_s: float) -> Schedule:
     """Return the schedule ``soak``'s kinds and seed draw over ``length_s`` on ``spec``'s flow."""
     assert not isinstance(soak.nemesis, Schedule)
@@ -523,7 +533,7 @@ def run_soak(
     check_room(soak, runs_root or paths.runs_root())
     session = RunSession(spec, endpoints, runs_root=runs_root, progress=lambda _: None, bypass_faults=True)
     schedule.write(session.folder.path)
-    progress(f"{soak.label}: {schedule.windows} fault window(s) scheduled; run folder {session.folder.path}")
+    progress(f"{soak.label}: {_scheduled(soak, schedule)}; run folder {session.folder.path}")
     driver = _Driver(soak, session, schedule, progress, progress_every_s)
     # The run opens its ledger; compacting it starts as it is written, so the close reads only tails.
     with session, LiveCompaction(session.folder.path / "ledger") as live:

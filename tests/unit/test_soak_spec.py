@@ -734,3 +734,21 @@ def test_a_flow_that_counts_no_output_is_paced_and_its_label_says_so() -> None:
         (spec,) = resolve(closed, 0, SCENARIOS)
         assert not Soak(spec).paced
         assert Soak(spec).pace_rate is None
+
+
+def test_the_start_line_of_a_soak_by_operations_says_how_long_its_schedule_runs() -> None:
+    # "--ops 10" printed "34 fault window(s) scheduled" for a run over in a second.
+    from harness.soak.driver import _scheduled
+
+    (spec,) = resolve("onepc_crash_gap:naive", 0, SCENARIOS)
+    by_ops = Soak(spec, ops=10, workers=2)
+    said = _scheduled(by_ops, schedule_of(by_ops, soak_spec(by_ops)))
+    assert re.fullmatch(
+        r"\d+ fault window\(s\) scheduled over \d+s \(as fast as the flow goes, it meets those due before its "
+        r"last operation\)",
+        said,
+    ), said
+    by_time = Soak(spec, duration_s=60, workers=2)
+    assert re.fullmatch(
+        r"\d+ fault window\(s\) scheduled", _scheduled(by_time, schedule_of(by_time, soak_spec(by_time)))
+    )
