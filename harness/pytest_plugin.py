@@ -279,7 +279,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         mark = "as expected" if r.as_expected else "UNEXPECTED"
         tr.write_line(f"{r.spec.label:<40} seed {r.spec.seed:<4} {mark:<11} {r.verdict.headline()}")
         tr.write_line(f"{'':<40} {os.path.relpath(r.run_dir)}")
-        note = getattr(r, "nemesis_note", None)  # a soak's (SoakResult): kinds its schedule never drew
+        note = getattr(r, "nemesis_note", None)  # a soak's (SoakResult): kinds it never opened
         if note:
             tr.write_line(f"{'':<40} nemesis: {note}")
     spark = config.stash.get(_SPARK, None)

@@ -95,7 +95,7 @@ def build_soak(args: argparse.Namespace) -> object:
         nemesis = Schedule.from_records(json.loads(path.read_text()))
     else:
         nemesis = parse_kinds(args.nemesis)
-    _check_verification(getattr(args, "engine", "spark"), getattr(args, "master", None))
+    _check_verification(args.engine, args.master)
     duration = parse_duration(args.duration) if args.duration is not None else None
     spec = specs[0].with_options(parse_options(args.option)) if args.option else specs[0]
     return Soak(

@@ -620,7 +620,7 @@ def write_summary(result: SoakResult) -> Path:
         "seed": soak.seed,
         "options": dict(soak.scenario.options),
         "nemesis": list(result.schedule.kinds),
-        "nemesis_note": result.nemesis_note,  # kinds asked for that the schedule never drew
+        "nemesis_note": result.nemesis_note,  # kinds asked for that the soak never opened
         "stats": {**asdict(result.stats), "ops_per_s": round(result.stats.ops_per_s, 1)},
         "outcome": verdict.outcome,
         "counts": verdict.found(),

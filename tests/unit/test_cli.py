@@ -148,6 +148,8 @@ def test_soak_options_change_the_scenario_and_its_window() -> None:
         rate=None,
         window=0,
         option=given,
+        engine="spark",
+        master=None,
     )
     soak = build_soak(args)
     assert isinstance(soak, Soak)
