@@ -67,12 +67,17 @@ def kills_during(witness: Witness, kills: Sequence[Kill]) -> list[Kill]:
     which instance held the operation is not known: every instance killed while it was in flight
     may have, and each is returned.
     """
-    events = [e for e in witness.events if e.get("kind") not in SNAPSHOT]
-    if not events:
+    flight = _flight(witness)
+    if not flight:
         return []
-    first, last = min(int(e["ts_ns"]) for e in events), max(int(e["ts_ns"]) for e in events)
-    writers = {str(e.get("src")) for e in events} - {DRIVER}
+    first, last = min(int(e["ts_ns"]) for e in flight), max(int(e["ts_ns"]) for e in flight)
+    writers = {str(e.get("src")) for e in flight} - {DRIVER}
     return [k for k in kills if first <= k.ts_ns <= last and (k.worker in writers or not writers)]
+
+
+def _flight(witness: Witness) -> list[dict[str, Any]]:
+    """Return the events of ``witness``'s operation while in flight: the end-of-run snapshot left out."""
+    return [e for e in witness.events if e.get("kind") not in SNAPSHOT]
 
 
 def next_fault(witness: Witness, faults: Sequence[dict[str, Any]], kills: Sequence[Kill]) -> str | None:
@@ -82,15 +87,16 @@ def next_fault(witness: Witness, faults: Sequence[dict[str, Any]], kills: Sequen
     a service that acknowledged it first and then died with the database writes nothing more, so no
     window overlaps it, yet the one that opened next is what a person looks at first.
     """
-    events = [e for e in witness.events if e.get("kind") not in SNAPSHOT]
-    if not events:
+    flight = _flight(witness)
+    if not flight:
         return None
-    last = max(int(e["ts_ns"]) for e in events)
-    after = [
+    last = max(int(e["ts_ns"]) for e in flight)
+    opened = [
         (int(f.get("fired_ns") or f["armed_ns"]), str(f["name"]))
         for f in faults
-        if f.get("type") == "fault" and f.get("armed_ns") is not None and int(f.get("fired_ns") or f["armed_ns"]) > last
+        if f.get("type") == "fault" and f.get("armed_ns") is not None
     ]
+    after = [(at, name) for at, name in opened if at > last]
     after += [(k.ts_ns, f"a kill of {k.worker} (nemesis)") for k in kills if k.ts_ns > last]
     if not after:
         return None
