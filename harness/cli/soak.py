@@ -182,13 +182,14 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     console.print(
         f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; submitting "
         f"{stats.submit_s:.1f}s, closing {stats.close_s:.1f}s); {stats.windows} fault window(s), "
-        f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed; "
+        f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed, {stats.worker_restarts} worker restart(s); "
         f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )
     if stats.recover_s:
         waits = sorted(stats.recover_s)
         console.print(
-            f"  after {len(waits)} restart(s) the flow moved again in {waits[0]:.1f}-{waits[-1]:.1f}s"
+            f"  after {len(waits)} broker or database restart(s) the flow moved again in "
+            f"{waits[0]:.1f}-{waits[-1]:.1f}s"
             + (
                 f"; after {stats.unrecovered} nothing came out for {RECOVER_S:.0f}s (the service did not recover)"
                 if stats.unrecovered

@@ -94,6 +94,9 @@ class SoakStats:
     recover_s: tuple[float, ...] = ()
     # the nemesis kinds the driver opened or armed, in the order it first did (None: not told)
     kinds_opened: tuple[str, ...] | None = None
+    # how often the supervisor started a worker process of the flow again (after a kill, a crash
+    # point, or a worker that could not reach a killed broker or database), the close included
+    worker_restarts: int = 0
 
     @property
     def unrecovered(self) -> int:
@@ -477,10 +480,10 @@ class _Driver:
         faults = ", ".join(self.open_faults) or "none"
         if self._recovering is not None:
             healed = time.monotonic() - self._recovering[2]
-            faults += f" (a restart healed {healed:.0f}s ago: the schedule waits for the flow)"
+            faults += f" (a broker or database came back {healed:.0f}s ago: the schedule waits for the flow)"
         self.progress(
             f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "
-            f"{rate:,.0f} ops/s  faults open: {faults}  restarts {session.restarts}  "
+            f"{rate:,.0f} ops/s  faults open: {faults}  worker restarts {session.restarts}  "
             f"duplicate effects so far {self.anomalies_seen}"
         )
 
@@ -559,6 +562,7 @@ def run_soak(
         error=driver.error,
         stopped=driver.stopped,
         recover_s=tuple(driver.recover_waits),
+        worker_restarts=session.restarts,
     )
     soaked = SoakResult(result.run_dir, result.verdict, result.spec, soak, schedule, stats)
     write_summary(soaked)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.processes.supervisor import BACKOFF_MAX_S, QUICK_EXIT_S, WorkerPool
+from harness.run.processes.supervisor import BACKOFF_MAX_S, OUTAGE_BACKOFF_MAX_S, QUICK_EXIT_S, WorkerPool
 
 
 def _pool(tmp_path: Path) -> WorkerPool:
@@ -36,6 +36,24 @@ def test_quick_exits_in_a_row_double_the_wait_up_to_the_cap_and_a_long_life_rese
     assert max(waits) == BACKOFF_MAX_S
     pool._born["w0"] = now
     assert pool.backoff("w0", now + QUICK_EXIT_S + 0.1) == pytest.approx(0.01)  # it served: back to at once
+
+
+def test_a_process_that_never_got_ready_backs_off_longer(tmp_path: Path) -> None:
+    """A worker that cannot even subscribe (its broker killed) waits up to a second: a five-second
+    outage then forks it about eleven times, not twenty-five, and the heal starts it at once anyway."""
+    pool = _pool(tmp_path)
+    waits = []
+    now = 0.0
+    for _ in range(12):
+        pool._born["w0"] = now
+        now += 0.05
+        waits.append(pool.backoff("w0", now, ready=False))
+        now += waits[-1]
+    assert waits[:5] == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.16])
+    assert max(waits) == waits[-1] == OUTAGE_BACKOFF_MAX_S > BACKOFF_MAX_S
+    pool._born["w0"] = now
+    # once it served, a quick exit (a crash point met right after it subscribed) keeps the short cap
+    assert pool.backoff("w0", now + 0.05, ready=True) == BACKOFF_MAX_S
 
 
 def test_each_process_has_its_own_streak(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ def test_a_soak_catches_the_naive_handler_placing_an_order_twice(txchaos_soak) -
     verdict = result.verdict
     assert result.stats.crashes_armed == 3, result.stats
     assert verdict.stats["crashes"] >= 1, verdict.headline()  # the crashes fired
+    assert result.stats.worker_restarts >= verdict.stats["crashes"], result.stats  # each killed worker came back
     assert set(verdict.found()) == {"duplicate-effect"}, verdict.headline()
     # each crash between the commits placed its order twice: one duplicate per crash, no other
     assert len(verdict.ops("duplicate-effect")) == verdict.stats["crashes"], verdict.headline()

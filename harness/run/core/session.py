@@ -99,6 +99,7 @@ class RunSession:
         self._numbers = itertools.count()
         self._engine: db.Engine | None = None
         self._pool: WorkerPool | None = None
+        self._restarted = 0  # restarts of the pools stopped so far
         self._live = False
         self._started = 0.0
         self._result: RunResult | None = None
@@ -189,8 +190,7 @@ class RunSession:
             self.start_workers()
             assert self._pool is not None
             self.quiescence.wait(self._pool)
-            self._pool.stop()
-            self._pool = None
+            self._stop_pool()
             for book in self.books():
                 book.close(self._engine)
             declared.snapshot(self._engine, self.spec.contract, self.ledger, self.ops, step=self.folder.step)
@@ -207,9 +207,7 @@ class RunSession:
         self._live = False
         try:
             self._faults.close()
-            if self._pool is not None:
-                self._pool.stop()
-                self._pool = None
+            self._stop_pool()
             self.processes.release()
             self.topology.release()
         finally:
@@ -342,9 +340,16 @@ class RunSession:
         tables = self.topology.effect_tables()
         return sorted({op for table, column in tables for op in db.duplicated_values(engine, table, column)})
 
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._restarted += self._pool.restarts
+            self._pool = None
+
     @property
     def restarts(self) -> int:
-        return self._pool.restarts if self._pool else 0
+        """How many times the flow's worker processes were started again, in this run so far."""
+        return self._restarted + (self._pool.restarts if self._pool else 0)
 
     def quiescent(self, out: Callable[[], int], what: str, pool: WorkerPool) -> None:
         """Let late duplicates arrive (``settle_s``), then record how far the flow got (``out()`` of the ops)."""

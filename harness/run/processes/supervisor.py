@@ -31,6 +31,9 @@ class Supervised(Protocol):
 # A process that ends sooner than this after it started counts towards its restart backoff.
 QUICK_EXIT_S = 1.0
 BACKOFF_MAX_S = 0.2  # the longest a process waits to be started again
+# ... when it ended before it was ready (it could not reach a killed broker or database): the heal
+# of the outage starts it at once (``expedite``), so a longer wait only spares forks and log lines
+OUTAGE_BACKOFF_MAX_S = 1.0
 
 
 class WorkerPool:
@@ -40,10 +43,10 @@ class WorkerPool:
     after a crash costs ~25 ms, not the third of a second of a cold start.
 
     A process is started again ``restart_delay`` after it ends, doubled for each exit in a row that
-    came less than ``QUICK_EXIT_S`` after its start, up to ``BACKOFF_MAX_S``: a crash point or a
-    nemesis kill is answered at once, while workers that cannot reach a killed broker or database
-    are not forked dozens of times a second, on the cores that broker needs to come back. A heal
-    (``expedite``) ends every wait at once.
+    came less than ``QUICK_EXIT_S`` after its start, up to ``BACKOFF_MAX_S`` (``OUTAGE_BACKOFF_MAX_S``
+    for one that ended before it was ready): a crash point or a nemesis kill is answered at once,
+    while workers that cannot reach a killed broker or database are not forked dozens of times a
+    second, on the cores that broker needs to come back. A heal (``expedite``) ends every wait at once.
     """
 
     def __init__(
@@ -114,11 +117,13 @@ class WorkerPool:
         replaced, and a step aimed at it (a pause) must reach the replacement. Return whether it runs."""
         return poll_until(lambda: self.procs[name].alive(), deadline=deadline_in(timeout_s), every_s=0.05)
 
-    def backoff(self, name: str, ended: float) -> float:
-        """Return how long to wait before starting ``name`` again, which ended at ``ended``."""
+    def backoff(self, name: str, ended: float, *, ready: bool = True) -> float:
+        """Return how long to wait before starting ``name`` again, which ended at ``ended`` (``ready``:
+        after it said it was ready)."""
         quick = ended - self._born.get(name, ended) < QUICK_EXIT_S
         streak = self._streak[name] = self._streak.get(name, 0) + 1 if quick else 0
-        return min(BACKOFF_MAX_S, self.restart_delay * 2.0 ** max(0, streak - 1))
+        longest = BACKOFF_MAX_S if ready else OUTAGE_BACKOFF_MAX_S
+        return min(longest, self.restart_delay * 2.0 ** max(0, streak - 1))
 
     def expedite(self) -> None:
         """Start every process waiting out its backoff now, and forget the streaks: the outage that
@@ -176,8 +181,9 @@ class WorkerPool:
                 sig = signal.Signals(-code).name if code < 0 else None
                 self._exited(spec, code, sig)
                 proc.record.unlink(missing_ok=True)
+                ready = self._ready_path(name).exists()
                 self._ready_path(name).unlink(missing_ok=True)
-                self._due[name] = ended + self.backoff(name, ended)
+                self._due[name] = ended + self.backoff(name, ended, ready=ready)
             self._stopping.wait(0.01)
 
     def _tick(self) -> None:
