@@ -18,10 +18,9 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
 
+from harness.jsontext import dumps_sorted
 from harness.ledger.schema import Kind
 
-# Built once: json.dumps with options builds a new encoder per call, a third of an event's cost.
-_DETAIL = json.JSONEncoder(sort_keys=True, default=str)
 _ROW = json.JSONEncoder(separators=(",", ":"))
 _EMPTY_DETAIL = '"{}"'
 BATCH_BYTES = 1 << 20  # a batch writes what it holds once it holds this much
@@ -84,7 +83,7 @@ class LedgerWriter:
         # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
         # the row dict would write it (a test holds the two equal): a worker writes four or five
         # events a message, and the generic encoder of a dict was most of an event's cost.
-        info = _quote(_DETAIL.encode(detail)) if detail else _EMPTY_DETAIL
+        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
         with self._lock:
             line = (
                 f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'

@@ -25,6 +25,7 @@ from harness.clients.db import Connection
 from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
 from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
+from harness.jsontext import dumps
 from harness.ledger.schema import Kind
 from harness.worker.base import WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
@@ -356,7 +357,7 @@ class KafkaStageWorker(WorkerRuntime):
             if target is None:
                 raise HarnessError(f"stage {self.spec.stage} has no output topic", hint="pass topic= to ctx.send")
             out = key or op
-            producer.produce(target, json.dumps(body), key=out, headers={"txchaos-op": out})
+            producer.produce(target, dumps(body), key=out, headers={"txchaos-op": out})
             self._emit(Kind.SEND, r, op, topic=target, **({"key": key} if key else {}))
 
     def _to_dlt(self, r: Record, op: str, reason: str) -> None:

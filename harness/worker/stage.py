@@ -19,6 +19,7 @@ from typing import Any
 from harness.clients import db
 from harness.clients.activemq import Message, StompClient, dlq_name
 from harness.errors import HarnessError
+from harness.jsontext import dumps
 from harness.ledger.schema import Kind
 from harness.worker.base import ContextBase, WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
@@ -136,7 +137,7 @@ class StageWorker(WorkerRuntime):
             target = dest or self.spec.output_queue
             if target is None:
                 raise ValueError(f"stage {stage} has no output queue; pass dest=")
-            client.send(target, json.dumps(out), transaction=tx, headers={"txchaos-op": key or op})
+            client.send(target, dumps(out), transaction=tx, headers={"txchaos-op": key or op})
             emit(Kind.SEND, op=op, msg=mid, stage=stage, dest=target)
 
         try:

@@ -31,11 +31,12 @@ class Record:
     key: str | None
     value: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    # ``topic/partition@offset``: the record's id in the ledger's ``msg`` column (made once: a
+    # worker writes it in five events per record)
+    coord: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def coord(self) -> str:
-        """Return ``topic/partition@offset``: the record's id in the ledger's ``msg`` column."""
-        return f"{self.topic}/{self.partition}@{self.offset}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coord", f"{self.topic}/{self.partition}@{self.offset}")
 
     @property
     def tp(self) -> TP:

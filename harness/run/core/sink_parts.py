@@ -8,13 +8,13 @@ is still on its way before the effect books close. A topology these parts serve 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from harness.clients import db
 from harness.errors import HarnessError
+from harness.jsontext import dumps
 from harness.ledger.schema import Kind
 from harness.poll import deadline_in, poll_until
 from harness.run.core.books import EffectTable
@@ -99,7 +99,7 @@ class Messages(Plain):
                     fields["poison"] = True
                 s.ledger.emit(Kind.SUBMIT, op=op, dest=place.input_dest)
                 body = s.processes.body(fields)  # a service's body template, else the fields as JSON
-                bodies.append(json.dumps(fields) if body is None else body)
+                bodies.append(dumps(fields) if body is None else body)
         for op, body in zip(new, bodies, strict=True):
             place.transport.send(place.input_dest, body, key=op, headers={"txchaos-op": op})
             s.ops.append(op)
