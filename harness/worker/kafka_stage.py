@@ -329,7 +329,7 @@ class KafkaStageWorker(WorkerRuntime):
         with self.ledger.batch():  # producing is asynchronous: the offset commit is what waits for it
             for ctx, r, op in zip(contexts, records, ops, strict=True):
                 self._outputs(ctx, r, op)
-                self._done(r)
+        self._done(*records)  # one store for the batch: no crash point lies between its records
         return None
 
     def _survivable(self, exc: Exception, r: Record | None, op: str | None, attempt: int) -> bool:
@@ -367,10 +367,14 @@ class KafkaStageWorker(WorkerRuntime):
         self.producer.produce(target, r.value, key=op, headers=headers)
         self._emit(Kind.SEND, r, op, topic=target, reason=reason[:200])
 
-    def _done(self, r: Record) -> None:
+    def _done(self, *records: Record) -> None:
+        """Store the offsets after ``records`` (manual store): the next commit covers them."""
         if self.opts.offset_store == "manual" and self.opts.commit != "transaction":
             assert self.consumer is not None
-            self.consumer.store(r)
+            after: dict[TP, int] = {}
+            for r in records:
+                after[r.tp] = max(after.get(r.tp, 0), r.offset + 1)
+            self.consumer.store_offsets(after)
 
     def _commit(self, records: list[Record], ops: list[str]) -> None:
         """Commit the offsets ``records`` were processed for (and whatever else the store holds)."""
