@@ -23,7 +23,7 @@ from harness.cli.output import console, expectation
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:
-    from harness.soak.driver import SoakResult
+    from harness.soak.driver import SoakResult, SoakStats
 
 LOG_EVERY_S = 10.0  # between progress lines when the output is not a terminal
 
@@ -167,6 +167,14 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return code
 
 
+def _phases(stats: SoakStats) -> str:
+    """Say where a soak's wall time went: submitting, then (when they took time) draining the backlog
+    under the nemesis and the final heal, then closing (quiescence, books, verdict)."""
+    phases = [("submitting", stats.submit_s), ("draining", stats.drain_s), ("final heal", stats.heal_s)]
+    shown = [f"{name} {s:.1f}s" for name, s in phases if name == "submitting" or s >= 0.1]
+    return ", ".join([*shown, f"closing {stats.close_s:.1f}s"])
+
+
 def show_soak(result: SoakResult, scenario: str | None = None, options: list[str] | None = None) -> int:
     """Print the soak's figures, counts per class and a witness sample; return the verdict's exit code."""
     from harness.reporting.soak_plots import render_soak
@@ -180,8 +188,8 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     if said:
         console.print(f"  {said}")
     console.print(
-        f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; submitting "
-        f"{stats.submit_s:.1f}s, closing {stats.close_s:.1f}s); {stats.windows} fault window(s), "
+        f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; "
+        f"{_phases(stats)}); {stats.windows} fault window(s), "
         f"{stats.kills} kill(s), {stats.crashes_armed} crash(es) armed, {stats.worker_restarts} worker restart(s); "
         f"driver RSS {stats.driving_rss_mb:.0f} MB while driving, {stats.driver_peak_rss_mb:.0f} MB at the peak"
     )

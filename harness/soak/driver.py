@@ -80,7 +80,7 @@ class SoakStats:
     crashes_armed: int
     arms_skipped: int  # crashes and freezes that fell due after the last submission (not armed)
     submit_s: float  # first submission to last
-    close_s: float  # the final heal, quiescence, the books and the verdict
+    close_s: float  # quiescence, the books and the verdict
     wall_s: float  # first submission to verdict: what ops_per_s divides by
     driver_peak_rss_mb: float  # the whole command: the closing compaction and verdict included
     driving_rss_mb: float  # the most the driver held while it submitted and the nemesis ran
@@ -94,6 +94,10 @@ class SoakStats:
     recover_s: tuple[float, ...] = ()
     # the nemesis kinds the driver opened or armed, in the order it first did (None: not told)
     kinds_opened: tuple[str, ...] | None = None
+    # after the last submission: the backlog coming out with the nemesis still on (``draining``),
+    # then the final heal and thaw (a broker killed at the end comes back in seconds)
+    drain_s: float = 0.0
+    heal_s: float = 0.0
     # how often the supervisor started a worker process of the flow again (after a kill, a crash
     # point, or a worker that could not reach a killed broker or database), the close included
     worker_restarts: int = 0
@@ -541,6 +545,7 @@ def run_soak(
     # The run opens its ledger; compacting it starts as it is written, so the close reads only tails.
     with session, LiveCompaction(session.folder.path / "ledger") as live:
         interrupted = driver.run()
+        healing = time.monotonic()
         driver.finish()
         closing = time.monotonic()
         progress(f"{len(session.ops):,} submitted; quiescence and verification (at most {soak.quiesce_s:g}s)")
@@ -555,6 +560,8 @@ def run_soak(
         kinds_opened=tuple(driver.opened),
         submit_s=round(driver.last - driver.first, 3),
         close_s=round(ended - closing, 3),
+        drain_s=round(max(0.0, healing - driver.last), 3),
+        heal_s=round(closing - healing, 3),
         wall_s=round(ended - driver.first, 3),
         driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         driving_rss_mb=round(driver.rss_mb, 1),

@@ -715,6 +715,18 @@ def test_after_the_soak_the_note_says_which_kinds_it_opened_not_which_its_schedu
     assert note(None) is None  # a result that does not tell: the schedule's note
 
 
+def test_the_summary_line_accounts_for_the_drain_and_the_final_heal() -> None:
+    # A 25 s soak whose broker kill was open at its end said "29.0s end to end (submitting 20.3s,
+    # closing 0.9s)": the drain and the broker's restart at the final heal were nowhere.
+    from harness.cli.soak import _phases
+    from harness.soak.driver import SoakStats
+
+    stats = SoakStats(2620, 3, 0, 0, 0, 20.3, 0.9, 29.0, 1.0, 1.0, False, drain_s=2.1, heal_s=5.7)
+    assert _phases(stats) == "submitting 20.3s, draining 2.1s, final heal 5.7s, closing 0.9s"
+    quick = SoakStats(2000, 0, 0, 0, 0, 5.8, 0.9, 7.4, 1.0, 1.0, False, drain_s=0.04, heal_s=0.01)
+    assert _phases(quick) == "submitting 5.8s, closing 0.9s"  # nothing to account for
+
+
 def test_a_flow_that_counts_no_output_is_paced_and_its_label_says_so() -> None:
     # A DTM soak with no rate runs at 20 ops/s (nothing counts a transfer out while it runs); its
     # label said "closed loop", and a window given for it was ignored.
