@@ -17,7 +17,7 @@ from typing import Any
 Encode = Callable[[Any], str]
 
 
-def _built(*, sort_keys: bool, default: Callable[[Any], Any] | None) -> Encode:
+def _built(*, sort_keys: bool, default: Callable[[Any], Any]) -> Encode:
     public = json.JSONEncoder(sort_keys=sort_keys, default=default, check_circular=False).encode
     make = getattr(_encoder, "c_make_encoder", None)
     if make is None:
@@ -36,9 +36,6 @@ def _built(*, sort_keys: bool, default: Callable[[Any], Any] | None) -> Encode:
     return encode if encode(probe) == public(probe) else public
 
 
-def _refuse(obj: Any) -> Any:
-    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-
-dumps: Encode = _built(sort_keys=False, default=_refuse)  # json.dumps(obj)
+# json.dumps(obj): another object is refused with the public encoder's own TypeError
+dumps: Encode = _built(sort_keys=False, default=json.JSONEncoder().default)
 dumps_sorted: Encode = _built(sort_keys=True, default=str)  # json.dumps(obj, sort_keys=True, default=str)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from harness.clients import db
@@ -37,6 +38,14 @@ from harness.worker.spec import WorkerSpec
 
 class _Disconnect(Exception):
     """Drop the consumer and join again (a forced redelivery)."""
+
+
+def _offsets_after(records: Sequence[Record]) -> dict[TP, int]:
+    """Return the offset after the last of ``records`` per partition: what storing or committing them moves to."""
+    after: dict[TP, int] = {}
+    for r in records:
+        after[r.tp] = max(after.get(r.tp, 0), r.offset + 1)
+    return after
 
 
 class KafkaStageWorker(WorkerRuntime):
@@ -371,10 +380,7 @@ class KafkaStageWorker(WorkerRuntime):
         """Store the offsets after ``records`` (manual store): the next commit covers them."""
         if self.opts.offset_store == "manual" and self.opts.commit != "transaction":
             assert self.consumer is not None
-            after: dict[TP, int] = {}
-            for r in records:
-                after[r.tp] = max(after.get(r.tp, 0), r.offset + 1)
-            self.consumer.store_offsets(after)
+            self.consumer.store_offsets(_offsets_after(records))
 
     def _commit(self, records: list[Record], ops: list[str]) -> None:
         """Commit the offsets ``records`` were processed for (and whatever else the store holds)."""
@@ -384,9 +390,7 @@ class KafkaStageWorker(WorkerRuntime):
         for r, op in zip(records, ops, strict=True):
             self._reach("before_offset_commit", r, op)
         if self.opts.commit == "transaction":
-            offsets: dict[TP, int] = {}
-            for r in records:
-                offsets[r.tp] = max(offsets.get(r.tp, 0), r.offset + 1)
+            offsets = _offsets_after(records)
             producer.send_offsets(offsets, consumer)
             producer.commit()
             committed = offsets
