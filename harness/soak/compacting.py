@@ -30,7 +30,8 @@ class LiveCompaction:
     The process's Arrow memory pool becomes the system allocator. Arrow's default (mimalloc) kept
     what the takes freed: fed a 200,000-op Kafka soak's segments in 60 MB steps, a process held
     175-230 MB more after its takes under mimalloc, about 65 MB more under the system allocator,
-    and compacted in the same time either way.
+    and compacted in the same time either way. The close's ``finish`` sorts and writes under Arrow's
+    own allocator again (``harness.ledger.reader``): there the system allocator's trims cost more.
     """
 
     def __init__(self, ledger_dir: Path, *, every_s: float = TAKE_EVERY_S) -> None:

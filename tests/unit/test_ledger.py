@@ -204,10 +204,11 @@ def test_a_segment_damaged_mid_file_streams_every_readable_row_once(
     assert len(streamed) == 1000
 
 
+@pytest.mark.parametrize("where", ["writing", "sorting ahead"])
 def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    from harness.ledger import reader
+    from harness.ledger import layout, reader
 
     ledger = _write_small(tmp_path)
     out = compact(ledger)
@@ -216,7 +217,16 @@ def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
     def broken(self: object, table: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(reader.BucketWriter, "write", broken)
+    sort = layout.BucketSpill.sorted_buckets
+
+    def broken_after_one(self: layout.BucketSpill, n_buckets: int) -> object:
+        yield next(sort(self, n_buckets))  # the writer has a slice when the sort ahead of it fails
+        raise OSError("disk full")
+
+    if where == "writing":
+        monkeypatch.setattr(reader.BucketWriter, "write", broken)
+    else:
+        monkeypatch.setattr(layout.BucketSpill, "sorted_buckets", broken_after_one)
     with pytest.raises(OSError, match="disk full"):
         compact(ledger)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last whole one stays
