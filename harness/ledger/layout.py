@@ -292,7 +292,11 @@ class BucketSpill:
             for lo in range(0, len(order), _SORTED_SLICE):
                 yield b, table.take(order[lo : lo + _SORTED_SLICE])
             del table, order  # one bucket in memory at a time: free this one before reading the next
-            pa.default_memory_pool().release_unused()  # and hand it back, so the high-water mark is one bucket
+        # Handed back once all are sorted, not after each bucket: the next bucket reuses what this
+        # one freed. Handing it back each time made every bucket fault its pages in anew: the close
+        # of a 1M-op Kafka soak's 8M events took 7.5-8.2 s (3.0-3.2 s of it system time) against
+        # 6.9-7.0 s (1.6-1.8 s), with the same peak.
+        pa.default_memory_pool().release_unused()
 
     def _bucket(self, b: int, n_buckets: int, ops: pa.Array) -> pa.Table | None:
         """Return file bucket ``b``'s spilled rows with ``op_id``, unsorted, one chunk per column
