@@ -14,9 +14,9 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -410,8 +410,10 @@ class Compaction:
                     for seg in segment_files(self.ledger_dir):
                         self._read(seg, self._taken.get(seg, 0), None, threads=True)
                     writer = BucketWriter(tmp, n_buckets_for(self._spill.rows))
-                    for _, rows in _one_ahead(self._spill.sorted_buckets(writer.n_buckets)):
-                        writer.write(rows)
+                    # closed before the spill is discarded, so no sort ahead still reads it
+                    with closing(_one_ahead(self._spill.sorted_buckets(writer.n_buckets))) as buckets:
+                        for _, rows in buckets:
+                            writer.write(rows)
                     writer.close(self._spill.rows, damaged_lines=self._damage)
             finally:
                 self._discard()
@@ -433,7 +435,7 @@ class Compaction:
         shutil.rmtree(self._spill_dir, ignore_errors=True)
 
 
-def _one_ahead(items: Iterator[tuple[int, pa.Table]]) -> Iterator[tuple[int, pa.Table]]:
+def _one_ahead(items: Iterator[tuple[int, pa.Table]]) -> Generator[tuple[int, pa.Table], None, None]:
     """Yield what ``items`` yields, making the next one on a thread while the caller uses this one.
 
     The close sorts a bucket's slices while it writes the slice before (Arrow's sorts and takes and
