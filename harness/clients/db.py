@@ -121,8 +121,14 @@ def column_values(eng: Engine, table: str, column: str, *, where_null: str | Non
     ``where_null``: only rows where that column is NULL (an outbox row never relayed).
     """
     where = f' WHERE "{where_null}" IS NULL' if where_null else ""
+    # Through the driver's own cursor: SQLAlchemy's rows cost about as much again as the query
+    # (a million-row effect table at the close of a soak: 0.75 s against 0.45 s).
     with eng.connect() as conn:
-        return [str(r[0]) for r in conn.execute(sa.text(f'SELECT "{column}" FROM "{table}"{where} ORDER BY 1'))]
+        driver = conn.connection.driver_connection
+        assert driver is not None  # a connection checked out of the pool holds one
+        with driver.cursor() as cur:
+            cur.execute(f'SELECT "{column}" FROM "{table}"{where} ORDER BY 1')
+            return [str(value) for (value,) in cur.fetchall()]
 
 
 def duplicated_values(eng: Engine, table: str, column: str) -> list[str]:

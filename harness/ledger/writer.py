@@ -8,11 +8,12 @@ buffer to flush. A machine crash can lose the tail; the harness does not simulat
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
@@ -24,6 +25,7 @@ from harness.ledger.schema import Kind
 _ROW = json.JSONEncoder(separators=(",", ":"))
 _EMPTY_DETAIL = '"{}"'
 BATCH_BYTES = 1 << 20  # a batch writes what it holds once it holds this much
+_OPS_CHUNK = 4_096  # rows ``emit_ops`` formats and writes at a time (about 1 MB)
 
 
 def _field(value: object) -> str:
@@ -101,6 +103,37 @@ class LedgerWriter:
         held.size += len(data)
         if held.size >= BATCH_BYTES:
             self._release(held)
+
+    def emit_ops(self, kind: Kind, ops: Iterable[str], *, dest: str | None = None) -> None:
+        """Append one ``kind`` event per operation in ``ops``, each row exactly as ``emit(kind,
+        op=op, dest=dest)`` writes it (a chunk of rows shares its ``ts_ns``).
+
+        For the books' snapshots at the close: a million-operation soak's effect table is a million
+        rows, and formatting only what differs between them (the sequence number and the op) takes
+        about a quarter of the time ``emit`` takes per row. Inside a ``batch`` the rows join what it
+        holds; outside one each chunk of about 1 MB is one write.
+        """
+        tail = (
+            f',"msg":null,"stage":null,"dest":{_field(dest)},"attempt":null,"point":null,'
+            f'"partition":null,"offset":null,"detail":{_EMPTY_DETAIL}}}\n'
+        )
+        kind_op = f',"kind":{_quote(str(kind))},"op":'
+        rows = iter(ops)
+        while chunk := list(itertools.islice(rows, _OPS_CHUNK)):
+            with self._lock:
+                first = self._seq
+                self._seq += len(chunk)
+            head = f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":'
+            data = "".join([f"{head}{seq}{kind_op}{_quote(op)}{tail}" for seq, op in enumerate(chunk, first)]).encode()
+            held: _Held | None = getattr(self._local, "held", None)
+            if held is None:
+                with self._lock:
+                    self._write(data)
+                continue
+            held.rows.append(data)
+            held.size += len(data)
+            if held.size >= BATCH_BYTES:
+                self._release(held)
 
     def _write(self, data: bytes) -> None:
         written = os.write(self._fd, data)

@@ -307,6 +307,32 @@ def test_a_row_is_written_exactly_as_the_json_encoder_writes_the_row(tmp_path: P
     assert line == json.dumps(expected, separators=(",", ":")) + "\n"
 
 
+@pytest.mark.parametrize("in_batch", [False, True])
+def test_emit_ops_writes_each_row_as_emit_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_batch: bool
+) -> None:
+    from harness.ledger import writer
+
+    monkeypatch.setattr(writer, "_OPS_CHUNK", 3)  # several chunks
+    ops = ["v-s0-op00000", 'quote" and \\ and é', "v-s0-op00002", "x", "y", "z", "last"]
+    by_emit, by_ops = tmp_path / "emit", tmp_path / "ops"
+    with LedgerWriter(by_emit, "drïver") as w:
+        w.emit(Kind.SUBMIT, op="before")
+        for op in ops:
+            w.emit(Kind.RESIDUE_EFFECT, op=op, dest="effects")
+    with LedgerWriter(by_ops, "drïver") as w:
+        w.emit(Kind.SUBMIT, op="before")
+        if in_batch:
+            with w.batch():
+                w.emit_ops(Kind.RESIDUE_EFFECT, iter(ops), dest="effects")
+        else:
+            w.emit_ops(Kind.RESIDUE_EFFECT, iter(ops), dest="effects")
+    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_emit, by_ops)]
+    untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
+    assert untimed[1] == untimed[0]
+    assert [json.loads(line)["seq"] for line in lines[1]] == list(range(len(ops) + 1))
+
+
 def test_a_batch_writes_its_events_in_one_call_when_it_ends(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
     with LedgerWriter(ledger, "worker-0") as w:

@@ -34,9 +34,7 @@ class EffectTable:
 
     def close(self, engine: db.Engine) -> None:
         rows = db.column_values(engine, self.table, self.column)
-        with self.ledger.batch():  # one write for the snapshot: a soak's table holds a million rows
-            for op in rows:
-                self.ledger.emit(Kind.RESIDUE_EFFECT, op=op, dest=self.table)
+        self.ledger.emit_ops(Kind.RESIDUE_EFFECT, rows, dest=self.table)  # a soak's table: a million rows
         self.record.step(f"snapshot effect table {self.table}")
 
 
@@ -50,7 +48,5 @@ class UnsentOutbox:
 
     def close(self, engine: db.Engine) -> None:
         rows = db.column_values(engine, self.table, "op_id", where_null="sent_at")
-        with self.ledger.batch():
-            for op in rows:
-                self.ledger.emit(Kind.RESIDUE_OUTBOX, op=op, dest=self.table)
+        self.ledger.emit_ops(Kind.RESIDUE_OUTBOX, rows, dest=self.table)
         self.record.step(f"snapshot unrelayed rows of {self.table}")
