@@ -99,10 +99,7 @@ class LedgerWriter:
             if held is None:
                 self._write(data)
                 return
-        held.rows.append(data)
-        held.size += len(data)
-        if held.size >= BATCH_BYTES:
-            self._release(held)
+        self._hold(held, data)
 
     def emit_ops(self, kind: Kind, ops: Iterable[str], *, dest: str | None = None) -> None:
         """Append one ``kind`` event per operation in ``ops``, each row exactly as ``emit(kind,
@@ -129,11 +126,15 @@ class LedgerWriter:
             if held is None:
                 with self._lock:
                     self._write(data)
-                continue
-            held.rows.append(data)
-            held.size += len(data)
-            if held.size >= BATCH_BYTES:
-                self._release(held)
+            else:
+                self._hold(held, data)
+
+    def _hold(self, held: _Held, data: bytes) -> None:
+        """Add ``data`` to this thread's open batch; write what it holds once that is ``BATCH_BYTES``."""
+        held.rows.append(data)
+        held.size += len(data)
+        if held.size >= BATCH_BYTES:
+            self._release(held)
 
     def _write(self, data: bytes) -> None:
         written = os.write(self._fd, data)
