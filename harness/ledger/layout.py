@@ -45,8 +45,8 @@ PARQUET_SCHEMA = pa.schema(
 # Columns with about one value an event (times, sequence numbers, ids, details): written without
 # a dictionary. Parquet's writer builds one for every column by default and falls back to plain
 # pages once it outgrows its page; for these that was wasted work. Measured on a 200,000-op Kafka
-# soak's 1.6M events: 0.43 s and 13 MB written against 0.75 s and 20 MB, with the engines' reads
-# of a 10M-event synthetic ledger unchanged (docs/benchmarks.md).
+# soak's 1.6M events: 0.43 s and 13 MB written against 0.75 s and 20 MB; the DuckDB engine reads a
+# 10M-event synthetic ledger within a few percent of the time it took before (docs/benchmarks.md).
 _UNIQUE_COLUMNS = frozenset({"ts_ns", "seq", "op", "msg", "offset", "detail", "op_id"})
 _DICTIONARY_COLUMNS = [name for name in PARQUET_SCHEMA.names if name not in _UNIQUE_COLUMNS]
 KIND_CODES: dict[str, int] = {str(k): i for i, k in enumerate(Kind)}
