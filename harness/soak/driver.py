@@ -294,8 +294,9 @@ class _Driver:
         self._restart_open = False  # a broker or database kill is among the open windows
         self._held_since: float | None = None  # when a kill of the flow's broker began to wait for flight
         self._submitted_now = False  # this tick submitted: operations are in flight
-        # (count out at the heal, how many more out make it recovered, when it healed)
-        self._recovering: tuple[int, int, float] | None = None
+        # (count out at the heal, how many more out make it recovered, when it healed, how many
+        # operations had been submitted by then)
+        self._recovering: tuple[int, int, float, int] | None = None
         self.recover_waits: list[float] = []  # seconds each restart's heal waited for the flow
 
     def elapsed(self) -> float:
@@ -375,20 +376,29 @@ class _Driver:
                 # Recovered once half of what was in flight came out (at most half a window): a
                 # few outputs read late from before the kill are not a group that serves again.
                 needed = max(1, min(len(session.ops) - out, self.soak.in_flight) // 2)
-                self._recovering = (out, needed, time.monotonic())
+                self._recovering = (out, needed, time.monotonic(), len(session.ops))
 
     def recovered(self) -> bool:
-        """Whether the flow runs again after a restart's heal (or there is none to wait for):
-        half of what was in flight at the heal came out since, or everything is out.
+        """Whether the flow runs again after a restart's heal (or there is none to wait for).
+
+        While the soak submits: more came out than had been submitted at the heal, so an operation
+        submitted since went through. A closed loop often has almost nothing in flight at a kill;
+        the few outputs then read late from before it made "half of what was in flight" at once,
+        and the next restart came while the group was still rejoining, with nothing out between.
+        Once it no longer submits: half of what was in flight at the heal came out, or everything.
 
         Until it does, the rest of the schedule waits and is pushed back by the wait: the rest
         after a restart is a rest for a running flow, not for one still reconnecting.
         """
         if self._recovering is None:
             return True
-        base, needed, healed = self._recovering
+        base, needed, healed, submitted = self._recovering
         out, waited = self.session.out_count(), time.monotonic() - healed
-        if out is not None and out - base < needed and out < len(self.session.ops) and waited < RECOVER_S:
+        if self.submitting():
+            moved = out is None or out > submitted
+        else:
+            moved = out is None or out - base >= needed or out >= len(self.session.ops)
+        if not moved and waited < RECOVER_S:
             return False
         self._recovering = None
         self.late_s += waited

@@ -535,6 +535,35 @@ def test_after_a_restart_the_schedule_waits_for_the_flow_to_move_again(
     driver._pace.close()
 
 
+def test_while_the_soak_submits_a_restart_waits_for_an_operation_submitted_after_its_heal(tmp_path: Path) -> None:
+    # A closed loop had all but five operations out when the broker was killed; those five, read
+    # late after the heal, were "half of what was in flight", and the next restart came while the
+    # group was still rejoining, with nothing out between the two (seen on a faster machine)
+    from harness.run.spec.steps import Submit
+    from harness.soak.driver import _Driver
+
+    (spec,) = resolve("kafka_consumer:inbox-offset", 0, SCENARIOS)
+    kill = Open(KillBroker("kafka"), None)
+    entries = (Timed(0, kill), Timed(0, Heal()), Timed(0, Open(*_latency())))
+    session = _Session(tmp_path)
+    driver = _Driver(Soak(spec, ops=1000, window=10), session, Schedule(("broker",), 0, entries), lambda _: None)  # type: ignore[arg-type]
+    driver.elapsed = lambda: 1.0  # type: ignore[method-assign]
+    session.apply(Submit(10))
+    session.out = 5  # five of the ten still in flight at the kill
+    driver.tick()  # the kill and its heal: the latency window waits for the flow
+    assert driver.windows == 1
+    submitted_at_heal = 10
+    session.out = submitted_at_heal  # the five read late: everything submitted before the heal is out
+    driver.tick()
+    assert driver.windows == 1, "outputs from before the heal are not a group that serves again"
+    assert len(session.ops) > submitted_at_heal  # the loop went on submitting
+    session.out = submitted_at_heal + 1  # one submitted since the heal came out
+    driver.tick()
+    assert driver.windows == 2
+    assert len(driver.recover_waits) == 1
+    driver._pace.close()
+
+
 def _line(driver: object) -> str:
     lines: list[str] = []
     driver.progress = lines.append  # type: ignore[attr-defined]
