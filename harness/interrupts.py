@@ -9,7 +9,7 @@ interrupted", a ``RuntimeError`` in place of the handler's exception. A connecti
 - while the block runs, Ctrl-C calls every registered stop, then does what the SIGINT handler
   before did (Python's raises ``KeyboardInterrupt``; PySpark's, installed by every SparkContext,
   cancels its jobs and raises it too);
-- the handlers of ``harness.run.core.signals.terminating`` (SIGTERM, SIGHUP) call
+- the handlers of ``harness.signals.terminating`` (SIGTERM, SIGHUP) call
   ``interrupt_all(exc)`` before they raise ``exc``;
 - the block that registered the stop raises the interrupt again in place of the library's own
   error, so a caller that wraps errors (``except Exception``) never mistakes the stop for a failure.

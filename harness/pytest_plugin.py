@@ -29,8 +29,8 @@ import pytest
 if TYPE_CHECKING:
     from harness.run.core.crosscheck import SparkCrossCheck
     from harness.run.core.outcome import RunResult
-    from harness.run.core.signals import Seen
     from harness.run.spec.scenario import ScenarioSpec
+    from harness.signals import Seen
     from harness.soak.driver import SoakResult
     from harness.soak.spec import Soak
     from harness.stack.base import Endpoints, StackProvider
@@ -108,7 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # SIGTERM (a CI timeout) and SIGHUP interrupt the session like Ctrl-C: the test's run heals in
     # its `finally` and pytest tears the session's fixtures (the stack) down before it exits.
-    from harness.run.core.signals import terminating
+    from harness.signals import terminating
 
     handlers = contextlib.ExitStack()
     seen = handlers.enter_context(terminating())
@@ -124,7 +124,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     handlers, seen = installed
     handlers.close()
     if seen.signum is not None:
-        from harness.run.core.signals import message
+        from harness.signals import message
 
         session.exitstatus = 3
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -33,8 +33,8 @@ from harness.bench.report import CHECKOUT, bench_parser, bench_stack, table, wri
 from harness.errors import HarnessError
 from harness.ledger.reader import read_ledger
 from harness.resources import scenarios_dir
-from harness.run.core.signals import Terminated, terminating
 from harness.run.spec.files import resolve
+from harness.signals import Terminated, terminating
 from harness.soak.driver import SUMMARY, run_soak
 from harness.soak.nemesis import DEFAULT
 from harness.soak.spec import Soak

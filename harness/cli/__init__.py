@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, passthrough, extra)
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from harness.run.core.signals import message, stop_children, terminating
+    from harness.signals import message, stop_children, terminating
 
     try:
         # SIGTERM (a CI timeout) and SIGHUP interrupt like Ctrl-C, so every `finally` heals.

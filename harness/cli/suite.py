@@ -34,7 +34,7 @@ def _call(cmd: list[str], *, env: dict[str, str]) -> int:
     a stack would never heal. A termination signal is passed on to the child instead (Ctrl-C
     reached it already: the terminal signals the whole group), and it gets time to heal.
     """
-    from harness.run.core.signals import Terminated
+    from harness.signals import Terminated
 
     child = subprocess.Popen(cmd, cwd=REPO, env=env)
     try:

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import procfs
+from harness import procfs, signals
 from harness.clients.activemq import StompClient
 from harness.clients.toxiproxy import ToxiproxyAdmin
 from harness.errors import EXIT_INCOMPLETE, HarnessError
 from harness.ledger.reader import read_ledger
 from harness.ledger.schema import Kind
-from harness.run.core import signals
 from harness.run.core.session import run_scenario
 from harness.run.spec.files import resolve
 from harness.stack.base import Endpoints

@@ -17,7 +17,7 @@ import pytest
 
 from harness.bench.soak import in_child
 from harness.errors import HarnessError
-from harness.run.core.signals import Terminated, terminating
+from harness.signals import Terminated, terminating
 
 
 def _soak_stand_in(folder: str, out: Any) -> None:

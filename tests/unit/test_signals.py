@@ -189,7 +189,7 @@ def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
 
 def _send_five(sent: list[int], *, fail: bool = False) -> None:
     """Send five 'operations' in a deferred block, a SIGTERM arriving at the second; maybe fail after."""
-    from harness.run.core.signals import deferred
+    from harness.signals import deferred
 
     with deferred():
         for n in range(5):
@@ -204,7 +204,7 @@ def _send_five(sent: list[int], *, fail: bool = False) -> None:
 
 def test_a_signal_inside_a_deferred_block_waits_for_the_block_then_interrupts() -> None:
     """A submission's sends all go out before the SIGTERM that came meanwhile interrupts the run."""
-    from harness.run.core.signals import Terminated, terminating
+    from harness.signals import Terminated, terminating
 
     sent: list[int] = []
     with terminating(), pytest.raises(Terminated) as caught:
@@ -215,7 +215,7 @@ def test_a_signal_inside_a_deferred_block_waits_for_the_block_then_interrupts() 
 
 def test_a_signal_held_while_a_deferred_block_fails_still_interrupts() -> None:
     """Asked to stop wins over the block's own error, which stays as the interrupt's context."""
-    from harness.run.core.signals import Terminated, terminating
+    from harness.signals import Terminated, terminating
 
     sent: list[int] = []
     with terminating(), pytest.raises(Terminated) as caught:
@@ -232,7 +232,7 @@ def test_a_signal_a_library_turned_into_its_own_error_still_reads_as_terminated(
     DuckDB 2 lets the query run to its end after the handler raised (minutes here): the handler
     must stop the engine's connection itself.
     """
-    from harness.run.core.signals import Terminated
+    from harness.signals import Terminated
 
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
     with pytest.raises(Terminated) as caught:
@@ -245,7 +245,7 @@ def test_a_signal_a_library_turned_into_its_own_error_still_reads_as_terminated(
 def _a_long_query(timer: threading.Timer) -> None:
     """Run a query of minutes on the in-process engine's connection under ``terminating``, its error
     wrapped as ``judge_folder`` wraps the engine's."""
-    from harness.run.core.signals import terminating
+    from harness.signals import terminating
     from harness.verify.checker import connect
 
     with terminating(), connect() as con:
@@ -272,7 +272,7 @@ def test_ctrl_c_stops_a_running_query_at_once_and_reads_as_an_interrupt(handler:
     "Query interrupted" (a RuntimeError the CLI printed as a harness failure). The query stops now
     and the caller sees Ctrl-C's KeyboardInterrupt, not a ``Terminated`` and not the wrapped error,
     whoever handles SIGINT (a Spark session started earlier in the process installs PySpark's)."""
-    from harness.run.core.signals import Terminated
+    from harness.signals import Terminated
 
     ran: list[int] = []
     chosen = signal.default_int_handler if handler == "python's own" else _pyspark_like(ran)

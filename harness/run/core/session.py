@@ -37,13 +37,13 @@ from harness.run.core.outcome import Progress, RunResult, _quiet, begin_run, jud
 from harness.run.core.parts import FREEZE_SKIPPED, WORKERS, Processes, ProcessesKind, both, freeze
 from harness.run.core.plan import plan
 from harness.run.core.roles import Quiescence, Topology, TopologyKind, Workload
-from harness.run.core.signals import deferred
 from harness.run.processes.supervisor import WorkerPool
 from harness.run.spec.handlers import check_handlers
 from harness.run.spec.ops import OpIds
 from harness.run.spec.scenario import Crash, FaultWindow, ScenarioSpec
 from harness.run.spec.schema import Schema
 from harness.run.spec.steps import Arm, Freeze, Heal, Hold, Idle, Kill, Open, Start, Step, Submit, Thaw, Wait
+from harness.signals import deferred
 from harness.stack.base import Endpoints
 from harness.stack.hold import StackHold
 from harness.stack.procs import free_ports
