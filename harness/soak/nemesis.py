@@ -141,7 +141,8 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ConfigError(
-            f"--nemesis {text!r} names {', '.join(map(repr, unknown)) or 'nothing'}",
+            f"--nemesis {text!r}: "
+            + (f"no fault kind named {', '.join(map(repr, unknown))}" if unknown else "names no fault kind"),
             hint=f"write default, none, a {SCHEDULE_FILE} a soak wrote, or a comma list of: {', '.join(KINDS)}",
         )
     return kinds

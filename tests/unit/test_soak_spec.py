@@ -128,8 +128,10 @@ def test_nemesis_kinds_parse_and_a_bad_one_is_named() -> None:
     assert parse_kinds("default") == DEFAULT
     assert parse_kinds("none") == ()
     assert parse_kinds("latency, kill") == ("latency", "kill")
-    with pytest.raises(ConfigError, match="'earthquake'"):
+    with pytest.raises(ConfigError, match="no fault kind named 'earthquake'"):
         parse_kinds("latency,earthquake")
+    with pytest.raises(ConfigError, match="names no fault kind"):
+        parse_kinds(" , ")
 
 
 @pytest.mark.parametrize(
