@@ -96,6 +96,13 @@ def test_verdict_roundtrips_and_compares(tmp_path: Path) -> None:
     v = check_run(run, FlowContract())
     again = Verdict.load(v.write(tmp_path / "verdict.json"))
     assert compare_verdicts(v, again) == []
+    assert again == v  # every field, the witnesses' events and faults included
+    written = json.loads((tmp_path / "verdict.json").read_text())
+    fields = {"anomaly", "op", "msg_ids", "summary", "events", "faults"}
+    assert written["witnesses"]
+    assert set(written["witnesses"][0]) == fields
+    assert {"clean", "outcome", "unfired"} <= set(written)
+    assert written["anomalies"]["lost"] == v.anomalies["lost"]
     changed = Verdict(dict(v.anomalies, lost=v.anomalies["lost"] + 1), v.witnesses, v.stats, "other")
     assert compare_verdicts(v, changed)
 
