@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
 from harness.cli.args import SCENARIO_HELP, SEED_HELP
-from harness.cli.output import console, expectation
+from harness.cli.output import console, expectation, verdict_line
 from harness.cli.stacks import running_stack, stack_alive
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
 from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
@@ -55,9 +56,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     warm = [sys.executable, "-m", "harness.verify.spark.warm"]
     spark_line = spark_connect.up(endpoints.state_dir, endpoints.stack_id, enabled=not args.no_spark, warm=warm)
-    console.print(f"stack [bold]{endpoints.stack_id}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})")
+    console.print(
+        f"stack [bold]{escape(endpoints.stack_id)}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})"
+    )
     _print_endpoints(endpoints)
-    console.print(f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)")
+    console.print(
+        f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)", markup=False
+    )
     console.print(spark_line)
     return 0
 
@@ -76,9 +81,9 @@ def _print_endpoints(endpoints: object) -> None:
     console.print(table)
     # The password stays in the 0600 endpoints file: a terminal or CI log is no place for it.
     hidden = endpoints.postgres_url.replace(f":{endpoints.db_password}@", ":***@", 1)
-    console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})")
+    console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})", markup=False)
     if endpoints.dtm is not None:
-        console.print(f"dtm server:   {endpoints.dtm_url}")
+        console.print(f"dtm server:   {endpoints.dtm_url}", markup=False)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -95,6 +100,7 @@ def cmd_down(args: argparse.Namespace) -> int:
                 f"$TXCHAOS_ENDPOINTS names stack {named.stack_id}, which `txchaos up` started under {root}: "
                 f"stop it with `TXCHAOS_REPORTS={root} txchaos down`",
                 highlight=False,
+                markup=False,
             )
         return 0
     if ep.provider == "docker":
@@ -109,7 +115,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     spark_connect.stop(Path(ep.state_dir), ep.stack_id)
     current_file().unlink(missing_ok=True)
     console.print(
-        f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs"
+        f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs",
+        markup=False,
     )
     return 0
 
@@ -126,7 +133,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("no stack is up (start one with `txchaos up`)")
         return 3
     source = " (named by $TXCHAOS_ENDPOINTS)" if named is not None else ""
-    console.print(f"stack [bold]{ep.stack_id}[/] ({ep.provider}){source}, state in {ep.state_dir}")
+    console.print(
+        f"stack [bold]{escape(ep.stack_id)}[/] ({ep.provider}){escape(source)}, state in {escape(ep.state_dir)}"
+    )
     _print_endpoints(ep)
     checks: dict[str, Callable[[], bool]] = {
         "toxiproxy": lambda: stack_alive(ep),
@@ -154,20 +163,19 @@ def _show(result: RunResult, replay_hint: str) -> int:
 
     render_run(result.run_dir)
     verdict, spec = result.verdict, result.spec
-    colour = "green" if verdict.clean else "red"
-    console.print(f"[bold]{spec.label}[/] seed {spec.seed}: [{colour}]{verdict.headline()}[/]")
+    console.print(verdict_line(f"{spec.label} seed {spec.seed}", verdict))
     said = expectation(result)  # a known-bad variant's anomalies are what it exists to show
     if said:
         console.print(f"  {said}")
-    console.print(f"  run folder: {result.run_dir}")
+    console.print(f"  run folder: {result.run_dir}", markup=False)
     for w in verdict.witnesses[:5]:
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w.summary.items() if v) or "-"
-        console.print(f"  {w.anomaly}: op {w.op} ({counts}); messages {', '.join(w.msg_ids) or '-'}", highlight=False)
+        console.print(f"  {w.anomaly}: op {w.op} ({counts}); messages {', '.join(w.msg_ids) or '-'}", markup=False)
     for told in result.unfired_stories():
         console.print(f"  {told}", markup=False)
     if verdict.clean:
         return 0
-    console.print(f"  replay: {replay_hint}")
+    console.print(f"  replay: {replay_hint}", markup=False)
     return verdict.exit_code
 
 
@@ -179,10 +187,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     worst = 0
     with running_stack(args.provider) as endpoints:
         for spec in specs:
-            with console.status(f"running {spec.label} seed {spec.seed}") as status:
+            with console.status(escape(f"running {spec.label} seed {spec.seed}")) as status:
 
                 def show(message: str, status: Status = status, label: str = spec.label) -> None:
-                    status.update(f"{label}: {message}")
+                    status.update(escape(f"{label}: {message}"))
 
                 result = run_scenario(spec, endpoints, progress=show)
             named = args.scenario.endswith(".py") or ".py:" in args.scenario
@@ -377,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         with terminating():  # a second signal must not cut this short
             stop_children()
-        console.print(f"[yellow]{message(exc)}[/]")
+        console.print(f"[yellow]{escape(message(exc))}[/]")
         if isinstance(exc.__cause__, Exception):  # an error raised after the signal (kept, on stderr)
             sys.stderr.write(f"txchaos: after the signal: {type(exc.__cause__).__name__}: {exc.__cause__}\n")
         return 3

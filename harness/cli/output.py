@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
+    from harness.verify.verdict import Verdict
 
 # emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
 console = Console(highlight=False, emoji=False, soft_wrap=True)
+
+
+def verdict_line(label: str, verdict: Verdict) -> str:
+    """Return ``label: HEADLINE`` in markup, the headline coloured by the outcome.
+
+    Both are escaped: a headline names its first op ids in brackets (``duplicate-effect=1 [op-7]``),
+    which rich's markup took for a style tag and dropped from the line.
+    """
+    colour = "green" if verdict.clean else "red"
+    return f"[bold]{escape(label)}[/]: [{colour}]{escape(verdict.headline())}[/]"
 
 
 def expectation(result: RunResult) -> str | None:

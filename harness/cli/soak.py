@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cli.output import console, expectation
+from rich.markup import escape
+
+from harness.cli.output import console, expectation, verdict_line
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -152,12 +154,18 @@ def cmd_soak(args: argparse.Namespace) -> int:
     spec = soak_spec(soak)
     note = nemesis_note(soak, spec, schedule_of(soak, spec))  # a schedule that would test nothing is refused here
     if note:
-        console.print(f"[yellow]nemesis: {note}[/]", highlight=False)
+        console.print(f"[yellow]nemesis: {escape(note)}[/]", highlight=False)
     with running_stack(args.provider) as endpoints:
-        with console.status(soak.label) as status:
+        with console.status(escape(soak.label)) as status:
             # A terminal gets a status line redrawn each second; a log (CI, a pipe) a line each 10 s,
             # where a status line would show nothing at all until the soak ends.
-            progress, every = (status.update, 1.0) if console.is_terminal else (console.print, LOG_EVERY_S)
+            def progress(line: str) -> None:
+                if console.is_terminal:
+                    status.update(escape(line))
+                else:
+                    console.print(line, markup=False)
+
+            every = 1.0 if console.is_terminal else LOG_EVERY_S
             result = run_soak(soak, endpoints, progress=progress, progress_every_s=every)
         code = show_soak(result, args.scenario, args.option or [])
         if args.engine == "spark" and result.verdict.outcome != "incomplete":
@@ -182,8 +190,7 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
 
     stats, verdict = result.stats, result.verdict
     plot = render_soak(result)
-    colour = "green" if verdict.clean else "red"
-    console.print(f"[bold]{result.soak.label}[/]: [{colour}]{verdict.headline()}[/]")
+    console.print(verdict_line(result.soak.label, verdict))
     said = expectation(result)  # a naive variant's soak exists to show its anomalies, as a run does
     if said:
         console.print(f"  {said}")
@@ -206,8 +213,8 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
         )
     note = result.nemesis_note  # what ran, where the line before the start said what was drawn
     if note:
-        console.print(f"  [yellow]nemesis: {note}[/]", highlight=False)
-    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
+        console.print(f"  [yellow]nemesis: {escape(note)}[/]", highlight=False)
+    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})", markup=False)
     from harness.soak.driver import SUMMARY, again_command
 
     # the sample the driver wrote into soak.json: its kills were read from the ledger once, there
@@ -216,19 +223,21 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
         for w in witnesses:
             during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
             if w.get("said") and not w["faults"] and not w["crashes"]:  # a check of the books at the close
-                console.print(f"  {anomaly}: {w['said']}", highlight=False)
+                console.print(f"  {anomaly}: {w['said']}", markup=False)
             else:
                 after = f"; {w['after']}" if w.get("after") else ""
-                console.print(f"  {anomaly}: op {w['op']} during {during}{after}", highlight=False)
+                console.print(f"  {anomaly}: op {w['op']} during {during}{after}", markup=False)
     if stats.error:
-        console.print(f"[red]  {stats.error}[/]")
+        console.print(f"[red]  {escape(stats.error)}[/]")
         console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")
     elif stats.stopped:
-        console.print(f"[yellow]  {stats.stopped}; every fault healed, books closed, the verdict covers what ran[/]")
+        console.print(
+            f"[yellow]  {escape(stats.stopped)}; every fault healed, books closed, the verdict covers what ran[/]"
+        )
     elif stats.interrupted:
         console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
     if not verdict.clean:
-        console.print(f"  again: {again_command(result.run_dir, scenario, options)}")
+        console.print(f"  again: {again_command(result.run_dir, scenario, options)}", markup=False)
     return 0 if verdict.clean else verdict.exit_code
 
 
@@ -249,7 +258,7 @@ def _spark_agrees(result: SoakResult, master: str | None) -> int:
     diffs = compare_verdicts(result.verdict, spark)
     took = time.monotonic() - started
     if diffs:
-        console.print(f"[red]  Spark disagrees ({took:.1f}s): {'; '.join(diffs[:3])}[/]")
+        console.print(f"[red]  Spark disagrees ({took:.1f}s): {escape('; '.join(diffs[:3]))}[/]")
         return 3
     job = spark.timing.get("job_s", 0.0)
     console.print(f"  Spark agrees: {took:.1f}s (job {job:.1f}s); in-process verdict in verdict.json")

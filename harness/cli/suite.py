@@ -105,9 +105,9 @@ def cmd_flagship(args: argparse.Namespace) -> int:
     code = _call(cmd, env=_with_spark_verify())
     html = _allure_html(results, out / "allure-report", previous=previous, provider=args.provider or "auto")
     console.rule("flagship done")
-    console.print(f"run folders: {reports_root() / 'runs'}")
+    console.print(f"run folders: {reports_root() / 'runs'}", markup=False)
     if html:
-        console.print(f"report: {html}")
+        console.print(f"report: {html}", markup=False)
     return code if code in (0, 1) else 3
 
 
@@ -152,5 +152,5 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else results.parent / "allure-report"
     html = _allure_html(results, out, previous=previous, provider=args.provider)
     if html:
-        console.print(f"report: {html}")
+        console.print(f"report: {html}", markup=False)
     return 0 if html else 3

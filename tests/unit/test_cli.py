@@ -271,3 +271,17 @@ def test_a_run_or_soak_says_whether_it_found_what_its_scenario_expects(tmp_path:
     assert expectation(RunResult(tmp_path, clean, naive)) == "[red]UNEXPECTED[/]: the scenario expects duplicate-effect"
     assert expectation(RunResult(tmp_path, dup, fixed)) == "[red]UNEXPECTED[/]: the scenario expects a clean run"
     assert expectation(RunResult(tmp_path, clean, fixed)) is None
+
+
+def test_a_verdict_line_keeps_the_op_ids_that_rich_would_take_for_style_tags() -> None:
+    """A headline names its first op ids in brackets; printed as markup, rich dropped them as tags."""
+    from rich.console import Console
+
+    from harness.cli.output import verdict_line
+    from harness.verify.verdict import Verdict, Witness
+
+    op = "check-then-skip-s0-op17855"
+    verdict = Verdict({"duplicate-effect": 1}, (Witness("duplicate-effect", op, (), {}),), {}, "in-process")
+    out = Console(record=True, width=300, color_system=None)
+    out.print(verdict_line("onepc_crash_gap:check-then-skip [soak]", verdict))
+    assert out.export_text().strip() == f"onepc_crash_gap:check-then-skip [soak]: ANOMALIES: duplicate-effect=1 [{op}]"
