@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"{mode}: " + ", ".join(f"{r:,.0f}" for r in rates) + " ACKs/s per block")
     edges = [f"{b * args.block:,}-{(b + 1) * args.block:,}" for b in range(args.messages // args.block)]
     text = table(["ack mode", *edges, "last / first"], rows)
-    console.print(text)
+    console.print(text, markup=False)
     if not args.no_write:
         command = f"txchaos bench acks --messages {args.messages} --block {args.block}"
         what = (

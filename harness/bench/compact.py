@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"closing a copy of {run} ...")
         rows.append(measure(run.resolve()))
     text = table(HEADERS, rows)
-    console.print(text)
+    console.print(text, markup=False)
     if not args.no_write:
         command = "txchaos bench compact " + " ".join(f"reports/runs/{r.resolve().name}" for r in args.runs)
         body = (

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([label, len(got), f"{committed:,}", f"{rate:,.0f}", len(lost), sum(1 for t in got if t.lost)])
         rows[-1].append(", ".join(lost[:3]) or "-")
     text = table(HEADERS, rows)
-    console.print(text)
+    console.print(text, markup=False)
     if not args.no_write:
         command = f"txchaos bench journal --trials {args.trials} --seed {args.seed}"
         what = (

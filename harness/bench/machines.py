@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fixed['per_min']:.0f}" + (f" (FAILED: {fixed['error']})" if fixed["error"] else ""),
             ]
             rows.setdefault(_section(target), []).append([name, *row])
-            console.print(" | ".join(str(c) for c in row))
+            console.print(" | ".join(str(c) for c in row), markup=False)
     finally:
         provider.stop()
     headers = [
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for section, section_rows in rows.items():
         text = table(headers, [row[1:] for row in section_rows])
-        console.print(text)
+        console.print(text, markup=False)
         if args.no_write:
             continue
         patterns = ",".join(str(row[0]) for row in section_rows)

@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table(HEADERS, rows)
         if part == "pairs":
             text += f"\n\n{CPU_NOTE}\n\n{table(CPU_HEADERS, cpu)}"
-        console.print(text)
+        console.print(text, markup=False)
         if args.no_write:
             continue
         if part == "pairs":

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         ["  verdict", result.verdict.headline(), "CLEAN"],
     ]
     text = table(["measure", "value", "target"], rows)
-    console.print(text)
+    console.print(text, markup=False)
     if not args.no_write:
         body = (
             f"Command: `txchaos bench stack --starts {args.starts} --resets {args.resets} "

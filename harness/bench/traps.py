@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         _drop(ep)
     headers = ["configuration", "tps, Toxiproxy alone", "tps, with the trap", "slower by", "added per transaction"]
     text = table(headers, rows)
-    console.print(text)
+    console.print(text, markup=False)
     console.print(f"pg_after_commit in the window: {in_window} of {args.window}")
     if not args.no_write:
         body = (
