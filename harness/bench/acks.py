@@ -27,7 +27,7 @@ from harness.clients.activemq import StompClient, drain
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 MODES = ("client-individual", "client")
 SECTION = "STOMP transacted ACKs over a subscription's life (issue 32)"
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"{mode}: " + ", ".join(f"{r:,.0f}" for r in rates) + " ACKs/s per block")
     edges = [f"{b * args.block:,}-{(b + 1) * args.block:,}" for b in range(args.messages // args.block)]
     text = table(["ack mode", *edges, "last / first"], rows)
-    console.print(text, markup=False)
+    console.print(text)
     if not args.no_write:
         command = f"txchaos bench acks --messages {args.messages} --block {args.block}"
         what = (

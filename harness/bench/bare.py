@@ -33,7 +33,7 @@ from harness.stack.local import LocalProvider
 
 __all__ = ["BareResult", "bare_activemq", "bare_kafka", "main"]
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 
 
 def _parser() -> argparse.ArgumentParser:

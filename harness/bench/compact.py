@@ -26,7 +26,7 @@ from harness.bench.report import bench_parser, table, write_section
 from harness.bench.verify import _python, _rss_mb
 from harness.ledger.reader import segments_bytes
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 SECTION = "The close of a long run: streaming compaction (issue 32)"
 HEADERS = [
     "run",
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"closing a copy of {run} ...")
         rows.append(measure(run.resolve()))
     text = table(HEADERS, rows)
-    console.print(text, markup=False)
+    console.print(text)
     if not args.no_write:
         command = "txchaos bench compact " + " ".join(f"reports/runs/{r.resolve().name}" for r in args.runs)
         body = (

@@ -30,7 +30,7 @@ from harness.errors import HarnessError
 from harness.faults.broker import kill_service, restart_service
 from harness.stack.base import Endpoints
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 SENDERS = 4
 CONFIGS = (
     ("activemq.xml", "`always` (as shipped)"),
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([label, len(got), f"{committed:,}", f"{rate:,.0f}", len(lost), sum(1 for t in got if t.lost)])
         rows[-1].append(", ".join(lost[:3]) or "-")
     text = table(HEADERS, rows)
-    console.print(text, markup=False)
+    console.print(text)
     if not args.no_write:
         command = f"txchaos bench journal --trials {args.trials} --seed {args.seed}"
         what = (

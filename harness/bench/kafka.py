@@ -26,7 +26,7 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.base import Endpoints
 from harness.stack.local import LocalProvider
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 
 # variant -> (handler, extra options, what it is)
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -59,7 +59,7 @@ def _measure(endpoints: Endpoints, variant: str, args: argparse.Namespace) -> di
         result = run_scenario(spec(variant, args.messages, args.batch, args.workers, args.partitions), endpoints)
     took = run_seconds(result.run_dir)
     rate = args.messages / took
-    console.print(f"{variant}: {rate:.0f} msg/s ({took:.2f} s) {result.verdict.headline()}", markup=False)
+    console.print(f"{variant}: {rate:.0f} msg/s ({took:.2f} s) {result.verdict.headline()}")
     return {"variant": variant, "rate": rate, "took": took, "verdict": result.verdict.headline()}
 
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in results
     ]
     text = table(["consumer (clean path, no faults)", "throughput", "first submit to last output", "verdict"], rows)
-    console.print(text, markup=False)
+    console.print(text)
     if not args.no_write:
         body = (
             f"Command: `txchaos bench kafka --messages {args.messages} --batch {args.batch} "

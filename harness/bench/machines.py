@@ -26,7 +26,7 @@ from harness.stack.local import LocalProvider
 
 __all__ = ["TARGETS", "Target", "main"]  # TARGETS lives in harness.machines.targets; kept here for old imports
 
-console = Console(emoji=False, soft_wrap=True)
+console = Console(emoji=False, soft_wrap=True, markup=False)  # data, never markup
 
 
 def _timed_run(machine: Any, examples: int) -> tuple[str, float]:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fixed['per_min']:.0f}" + (f" (FAILED: {fixed['error']})" if fixed["error"] else ""),
             ]
             rows.setdefault(_section(target), []).append([name, *row])
-            console.print(" | ".join(str(c) for c in row), markup=False)
+            console.print(" | ".join(str(c) for c in row))
     finally:
         provider.stop()
     headers = [
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for section, section_rows in rows.items():
         text = table(headers, [row[1:] for row in section_rows])
-        console.print(text, markup=False)
+        console.print(text)
         if args.no_write:
             continue
         patterns = ",".join(str(row[0]) for row in section_rows)

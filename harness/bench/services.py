@@ -50,7 +50,7 @@ from harness.run.spec.files import load_file
 from harness.run.spec.scenario import Crash, ScenarioSpec
 from harness.stack.base import Endpoints
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 EXAMPLES = CHECKOUT / "examples" / "services" / "services_scenario.py"
 SECTION = "Services under test (issue 16)"
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fired} restarts): each operation's effect committed and its message back (the ACK never "
                 "sent), so applied twice. Target: all of them."
             )
-            console.print(line, markup=False)
+            console.print(line)
             parts.append(line)
         if args.ops:
             rows, worst = clean_path(measured, ep, args.ops, args.rounds)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rounds' range, no trap / traps",
             ]
             text = table(headers, rows)
-            console.print(text, markup=False)
+            console.print(text)
             verdict = "met" if worst <= 10 else "**not met**"
             parts.append(
                 f"Clean path: {args.ops} operations per run, no trap armed, median of {args.rounds} alternating "
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.examples:
             headers = ["naive service", "anomaly", "found", "example", "first counterexample after", "steps"]
             text = table(headers, search(measured, ep, args.examples, args.shrink))
-            console.print(text, markup=False)
+            console.print(text)
             parts.append(
                 f"Search: the service state machine (`harness.machines.service`), at most {args.examples} "
                 f"examples, no example database, {'shrunk' if args.shrink else 'not shrunk (--shrink shrinks)'}; "
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.starts:
             headers = ["service (fixed)", "runs", "run start to ready, median s", "range s"]
             text = table(headers, startup(measured, ep, args.starts))
-            console.print(text, markup=False)
+            console.print(text)
             parts.append(
                 f"Start: {args.starts} one-operation runs per service from its build cache; the seconds from the "
                 "run's start (its reset of schema, queues and toxics included) to the last instance's readiness "

@@ -42,7 +42,7 @@ from harness.stack.base import Endpoints
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of, verify_run
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 SCENARIOS = scenarios_dir()
 EXAMPLES = CHECKOUT / "examples" / "services"  # the example services live in a checkout only
 NO_CRASH = tuple(k for k in DEFAULT if k not in ("crash", "freeze"))  # a service has no crash points
@@ -145,8 +145,8 @@ def in_child(target: Callable[..., None], *args: object, label: str) -> Path:
     except KeyboardInterrupt as exc:
         if isinstance(exc, Terminated) and child.is_alive():
             child.terminate()
-        console.print(f"[yellow]{label}: interrupted; waiting for the soak to heal and close its books[/]")
-        console.print(f"[yellow]{label}: its run folder: {_result_of(child, queue)}[/]")
+        console.print(f"{label}: interrupted; waiting for the soak to heal and close its books", style="yellow")
+        console.print(f"{label}: its run folder: {_result_of(child, queue)}", style="yellow")
         raise
     finally:
         child.join(timeout=30)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table(HEADERS, rows)
         if part == "pairs":
             text += f"\n\n{CPU_NOTE}\n\n{table(CPU_HEADERS, cpu)}"
-        console.print(text, markup=False)
+        console.print(text)
         if args.no_write:
             continue
         if part == "pairs":

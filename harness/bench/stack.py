@@ -17,7 +17,7 @@ from harness.run.spec.scenario import ScenarioSpec
 from harness.stack.local import LocalProvider
 from harness.stack.reset import Resetter
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         ["  verdict", result.verdict.headline(), "CLEAN"],
     ]
     text = table(["measure", "value", "target"], rows)
-    console.print(text, markup=False)
+    console.print(text)
     if not args.no_write:
         body = (
             f"Command: `txchaos bench stack --starts {args.starts} --resets {args.resets} "

@@ -38,7 +38,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.stack.base import Endpoints
 from harness.traps import Kill, Trap, TrapProxy, TrapSet
 
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)  # data, never markup
 EFFECTS, AFTER = "txchaos_trap_effects", "txchaos_trap_after"
 SCRIPT = f"\\set id random(1, 1000000000)\nBEGIN;\nINSERT INTO {EFFECTS}(op) VALUES ('op-' || :id);\nCOMMIT;\n"
 Address = tuple[str, int]
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         _drop(ep)
     headers = ["configuration", "tps, Toxiproxy alone", "tps, with the trap", "slower by", "added per transaction"]
     text = table(headers, rows)
-    console.print(text, markup=False)
+    console.print(text)
     console.print(f"pg_after_commit in the window: {in_window} of {args.window}")
     if not args.no_write:
         body = (

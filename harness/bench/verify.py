@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-connect", action="store_true", help="take no Spark Connect figures")
     args = parser.parse_args(argv)
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
-    console = Console()
+    console = Console(markup=False)
     emit_us = writer_cost()
     rows = []
     with tempfile.TemporaryDirectory(prefix="txchaos-bench-connect-") as state:
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warm = [sys.executable, "-m", "harness.verify.spark.warm"]
                 subprocess.run(warm, env=env, cwd=state, check=True, capture_output=True)
             for size in sizes:
-                console.print(f"[bold]size {size:,}[/bold] ...")
+                console.print(f"size {size:,} ...", style="bold")
                 rows.append(bench_size(size, args.work, int(args.spark_max), url))
                 console.print(rows[-1])
         finally:

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
+from rich.text import Text
 
 from harness.cli.args import SCENARIO_HELP, SEED_HELP
 from harness.cli.output import console, expectation, verdict_line
@@ -56,13 +56,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     warm = [sys.executable, "-m", "harness.verify.spark.warm"]
     spark_line = spark_connect.up(endpoints.state_dir, endpoints.stack_id, enabled=not args.no_spark, warm=warm)
-    console.print(
-        f"stack [bold]{escape(endpoints.stack_id)}[/] up in {time.monotonic() - started:.1f}s ({endpoints.provider})"
-    )
+    took = time.monotonic() - started
+    console.print(Text.assemble("stack ", (endpoints.stack_id, "bold"), f" up in {took:.1f}s ({endpoints.provider})"))
     _print_endpoints(endpoints)
-    console.print(
-        f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)", markup=False
-    )
+    console.print(f"endpoints file: {Path(endpoints.state_dir) / 'endpoints.json'}  (export TXCHAOS_ENDPOINTS=...)")
     console.print(spark_line)
     return 0
 
@@ -81,9 +78,9 @@ def _print_endpoints(endpoints: object) -> None:
     console.print(table)
     # The password stays in the 0600 endpoints file: a terminal or CI log is no place for it.
     hidden = endpoints.postgres_url.replace(f":{endpoints.db_password}@", ":***@", 1)
-    console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})", markup=False)
+    console.print(f"postgres url: {hidden}  (password in {Path(endpoints.state_dir) / 'endpoints.json'})")
     if endpoints.dtm is not None:
-        console.print(f"dtm server:   {endpoints.dtm_url}", markup=False)
+        console.print(f"dtm server:   {endpoints.dtm_url}")
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -100,7 +97,6 @@ def cmd_down(args: argparse.Namespace) -> int:
                 f"$TXCHAOS_ENDPOINTS names stack {named.stack_id}, which `txchaos up` started under {root}: "
                 f"stop it with `TXCHAOS_REPORTS={root} txchaos down`",
                 highlight=False,
-                markup=False,
             )
         return 0
     if ep.provider == "docker":
@@ -115,8 +111,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     spark_connect.stop(Path(ep.state_dir), ep.stack_id)
     current_file().unlink(missing_ok=True)
     console.print(
-        f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs",
-        markup=False,
+        f"stack {ep.stack_id} down ({len(stopped)} process group(s) stopped); logs kept in {ep.state_dir}/logs"
     )
     return 0
 
@@ -133,9 +128,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("no stack is up (start one with `txchaos up`)")
         return 3
     source = " (named by $TXCHAOS_ENDPOINTS)" if named is not None else ""
-    console.print(
-        f"stack [bold]{escape(ep.stack_id)}[/] ({ep.provider}){escape(source)}, state in {escape(ep.state_dir)}"
-    )
+    console.print(Text.assemble("stack ", (ep.stack_id, "bold"), f" ({ep.provider}){source}, state in {ep.state_dir}"))
     _print_endpoints(ep)
     checks: dict[str, Callable[[], bool]] = {
         "toxiproxy": lambda: stack_alive(ep),
@@ -152,7 +145,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         except Exception:
             up = False
         ok &= up
-        console.print(f"  {name:<10} {'[green]up[/]' if up else '[red]DOWN[/]'}")
+        console.print(Text.assemble(f"  {name:<10} ", ("up", "green") if up else ("DOWN", "red")))
     return 0 if ok else 3
 
 
@@ -166,16 +159,16 @@ def _show(result: RunResult, replay_hint: str) -> int:
     console.print(verdict_line(f"{spec.label} seed {spec.seed}", verdict))
     said = expectation(result)  # a known-bad variant's anomalies are what it exists to show
     if said:
-        console.print(f"  {said}")
-    console.print(f"  run folder: {result.run_dir}", markup=False)
+        console.print(Text.from_markup(f"  {said}"))  # the scenario's own classes, in markup
+    console.print(f"  run folder: {result.run_dir}")
     for w in verdict.witnesses[:5]:
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w.summary.items() if v) or "-"
-        console.print(f"  {w.anomaly}: op {w.op} ({counts}); messages {', '.join(w.msg_ids) or '-'}", markup=False)
+        console.print(f"  {w.anomaly}: op {w.op} ({counts}); messages {', '.join(w.msg_ids) or '-'}")
     for told in result.unfired_stories():
-        console.print(f"  {told}", markup=False)
+        console.print(f"  {told}")
     if verdict.clean:
         return 0
-    console.print(f"  replay: {replay_hint}", markup=False)
+    console.print(f"  replay: {replay_hint}")
     return verdict.exit_code
 
 
@@ -187,10 +180,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     worst = 0
     with running_stack(args.provider) as endpoints:
         for spec in specs:
-            with console.status(escape(f"running {spec.label} seed {spec.seed}")) as status:
+            # a status line's text given as a str is read as markup whatever the console says: a Text
+            with console.status(Text(f"running {spec.label} seed {spec.seed}")) as status:
 
                 def show(message: str, status: Status = status, label: str = spec.label) -> None:
-                    status.update(escape(f"{label}: {message}"))
+                    status.update(Text(f"{label}: {message}"))
 
                 result = run_scenario(spec, endpoints, progress=show)
             named = args.scenario.endswith(".py") or ".py:" in args.scenario
@@ -385,11 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         with terminating():  # a second signal must not cut this short
             stop_children()
-        console.print(f"[yellow]{escape(message(exc))}[/]")
+        console.print(message(exc), style="yellow")
         if isinstance(exc.__cause__, Exception):  # an error raised after the signal (kept, on stderr)
             sys.stderr.write(f"txchaos: after the signal: {type(exc.__cause__).__name__}: {exc.__cause__}\n")
         return 3
     except Exception:
         traceback.print_exc()
-        console.print("[red]txchaos: the harness failed (exit 3); the traceback above says where[/]")
+        console.print("txchaos: the harness failed (exit 3); the traceback above says where", style="red")
         return 3

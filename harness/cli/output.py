@@ -5,24 +5,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
     from harness.verify.verdict import Verdict
 
 # emoji off: ActiveMQ message ids contain ":-1:"; soft wrap: paths and ids must stay copyable.
-console = Console(highlight=False, emoji=False, soft_wrap=True)
+# markup off: what is printed is data (a verdict names its first op ids in brackets,
+# ``duplicate-effect=1 [op-7]``, which rich's markup took for a style tag and dropped); a line is
+# coloured with ``style=`` or a ``Text`` of styled parts instead.
+console = Console(highlight=False, emoji=False, soft_wrap=True, markup=False)
 
 
-def verdict_line(label: str, verdict: Verdict) -> str:
-    """Return ``label: HEADLINE`` in markup, the headline coloured by the outcome.
-
-    Both are escaped: a headline names its first op ids in brackets (``duplicate-effect=1 [op-7]``),
-    which rich's markup took for a style tag and dropped from the line.
-    """
-    colour = "green" if verdict.clean else "red"
-    return f"[bold]{escape(label)}[/]: [{colour}]{escape(verdict.headline())}[/]"
+def verdict_line(label: str, verdict: Verdict) -> Text:
+    """Return ``label: HEADLINE``, the label bold and the headline coloured by the outcome."""
+    return Text.assemble((label, "bold"), ": ", (verdict.headline(), "green" if verdict.clean else "red"))
 
 
 def expectation(result: RunResult) -> str | None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.markup import escape
-
 from harness.cli.output import console
 
 
@@ -35,20 +33,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removing"
     now = time.time()
     for r in picked.remove:
-        console.print(f"{verb} {r.path.name}  ({r.size / 1e6:,.1f} MB, {_age(now - r.started)} old)", markup=False)
+        console.print(f"{verb} {r.path.name}  ({r.size / 1e6:,.1f} MB, {_age(now - r.started)} old)")
     for r in picked.busy:
-        console.print(f"[yellow]kept {escape(r.path.name)}: in use ({escape(str(r.busy))})[/]", highlight=False)
+        console.print(f"kept {r.path.name}: in use ({r.busy})", style="yellow")
     total = sum(r.size for r in picked.remove)
     if args.dry_run:
         console.print(
-            f"{len(picked.remove)} run folder(s), {total / 1e9:,.2f} GB, would go; {picked.kept} would stay in {root}",
-            markup=False,
+            f"{len(picked.remove)} run folder(s), {total / 1e9:,.2f} GB, would go; {picked.kept} would stay in {root}"
         )
         return 0
     freed = remove(picked.remove)
     console.print(
-        f"removed {len(picked.remove)} run folder(s), {freed / 1e9:,.2f} GB freed; {picked.kept} stay in {root}",
-        markup=False,
+        f"removed {len(picked.remove)} run folder(s), {freed / 1e9:,.2f} GB freed; {picked.kept} stay in {root}"
     )
     return 0
 

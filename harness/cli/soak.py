@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
+from rich.text import Text
 
 from harness.cli.output import console, expectation, verdict_line
 from harness.errors import ConfigError
@@ -154,16 +154,16 @@ def cmd_soak(args: argparse.Namespace) -> int:
     spec = soak_spec(soak)
     note = nemesis_note(soak, spec, schedule_of(soak, spec))  # a schedule that would test nothing is refused here
     if note:
-        console.print(f"[yellow]nemesis: {escape(note)}[/]", highlight=False)
+        console.print(f"nemesis: {note}", style="yellow")
     with running_stack(args.provider) as endpoints:
-        with console.status(escape(soak.label)) as status:
+        with console.status(Text(soak.label)) as status:  # a str would be read as markup
             # A terminal gets a status line redrawn each second; a log (CI, a pipe) a line each 10 s,
             # where a status line would show nothing at all until the soak ends.
             def progress(line: str) -> None:
                 if console.is_terminal:
-                    status.update(escape(line))
+                    status.update(Text(line))
                 else:
-                    console.print(line, markup=False)
+                    console.print(line)
 
             every = 1.0 if console.is_terminal else LOG_EVERY_S
             result = run_soak(soak, endpoints, progress=progress, progress_every_s=every)
@@ -193,7 +193,7 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     console.print(verdict_line(result.soak.label, verdict))
     said = expectation(result)  # a naive variant's soak exists to show its anomalies, as a run does
     if said:
-        console.print(f"  {said}")
+        console.print(Text.from_markup(f"  {said}"))  # the scenario's own classes, in markup
     console.print(
         f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; "
         f"{_phases(stats)}); {stats.windows} fault window(s), "
@@ -213,8 +213,8 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
         )
     note = result.nemesis_note  # what ran, where the line before the start said what was drawn
     if note:
-        console.print(f"  [yellow]nemesis: {escape(note)}[/]", highlight=False)
-    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})", markup=False)
+        console.print(f"  nemesis: {note}", style="yellow")
+    console.print(f"  run folder: {result.run_dir}  (soak.json, nemesis.json, steps.jsonl, {plot.name})")
     from harness.soak.driver import SUMMARY, again_command
 
     # the sample the driver wrote into soak.json: its kills were read from the ledger once, there
@@ -223,21 +223,23 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
         for w in witnesses:
             during = ", ".join([*map(_window, w["faults"]), *w["crashes"]]) or "no fault window or kill"
             if w.get("said") and not w["faults"] and not w["crashes"]:  # a check of the books at the close
-                console.print(f"  {anomaly}: {w['said']}", markup=False)
+                console.print(f"  {anomaly}: {w['said']}")
             else:
                 after = f"; {w['after']}" if w.get("after") else ""
-                console.print(f"  {anomaly}: op {w['op']} during {during}{after}", markup=False)
+                console.print(f"  {anomaly}: op {w['op']} during {during}{after}")
     if stats.error:
-        console.print(f"[red]  {escape(stats.error)}[/]")
-        console.print("[yellow]  every fault healed, books closed; the verdict is incomplete: see driver-error.txt[/]")
+        console.print(f"  {stats.error}", style="red")
+        console.print(
+            "  every fault healed, books closed; the verdict is incomplete: see driver-error.txt", style="yellow"
+        )
     elif stats.stopped:
         console.print(
-            f"[yellow]  {escape(stats.stopped)}; every fault healed, books closed, the verdict covers what ran[/]"
+            f"  {stats.stopped}; every fault healed, books closed, the verdict covers what ran", style="yellow"
         )
     elif stats.interrupted:
-        console.print("[yellow]  interrupted: every fault healed, books closed, the verdict covers what ran[/]")
+        console.print("  interrupted: every fault healed, books closed, the verdict covers what ran", style="yellow")
     if not verdict.clean:
-        console.print(f"  again: {again_command(result.run_dir, scenario, options)}", markup=False)
+        console.print(f"  again: {again_command(result.run_dir, scenario, options)}")
     return 0 if verdict.clean else verdict.exit_code
 
 
@@ -258,7 +260,7 @@ def _spark_agrees(result: SoakResult, master: str | None) -> int:
     diffs = compare_verdicts(result.verdict, spark)
     took = time.monotonic() - started
     if diffs:
-        console.print(f"[red]  Spark disagrees ({took:.1f}s): {escape('; '.join(diffs[:3]))}[/]")
+        console.print(f"  Spark disagrees ({took:.1f}s): {'; '.join(diffs[:3])}", style="red")
         return 3
     job = spark.timing.get("job_s", 0.0)
     console.print(f"  Spark agrees: {took:.1f}s (job {job:.1f}s); in-process verdict in verdict.json")

@@ -105,9 +105,9 @@ def cmd_flagship(args: argparse.Namespace) -> int:
     code = _call(cmd, env=_with_spark_verify())
     html = _allure_html(results, out / "allure-report", previous=previous, provider=args.provider or "auto")
     console.rule("flagship done")
-    console.print(f"run folders: {reports_root() / 'runs'}", markup=False)
+    console.print(f"run folders: {reports_root() / 'runs'}")
     if html:
-        console.print(f"report: {html}", markup=False)
+        console.print(f"report: {html}")
     return code if code in (0, 1) else 3
 
 
@@ -130,7 +130,7 @@ def _allure_html(results: Path, out: Path, *, previous: Path | None = None, prov
         tools = {}
     allure = tools.get("allure")
     if not allure or not results.is_dir():
-        console.print("[yellow]no Allure command line: HTML report skipped (run `txchaos install`)[/]")
+        console.print("no Allure command line: HTML report skipped (run `txchaos install`)", style="yellow")
         return None
     done = finish_results(results, previous=previous, provider=provider, tools=tools)
     history = f"history from {previous}" if done["history"] else "no earlier history"
@@ -152,5 +152,5 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else results.parent / "allure-report"
     html = _allure_html(results, out, previous=previous, provider=args.provider)
     if html:
-        console.print(f"report: {html}", markup=False)
+        console.print(f"report: {html}")
     return 0 if html else 3

@@ -285,3 +285,12 @@ def test_a_verdict_line_keeps_the_op_ids_that_rich_would_take_for_style_tags() -
     out = Console(record=True, width=300, color_system=None)
     out.print(verdict_line("onepc_crash_gap:check-then-skip [soak]", verdict))
     assert out.export_text().strip() == f"onepc_crash_gap:check-then-skip [soak]: ANOMALIES: duplicate-effect=1 [{op}]"
+
+
+def test_the_command_lines_console_prints_brackets_as_they_are() -> None:
+    """Every line the CLI prints is data (folders, witnesses, errors): markup is off on its console."""
+    from harness.cli.output import console
+
+    with console.capture() as captured:
+        console.print("kept run [a]: in use ([bold]x[/])", style="yellow")
+    assert captured.get() == "kept run [a]: in use ([bold]x[/])\n"
