@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.ledger.schema import Kind
 from harness.ledger.tail import LedgerTail
 from harness.ledger.writer import LedgerWriter
+from harness.run.transports import settle
 from harness.run.transports.settle import Settlement
 
 # A worker that receives m-1, commits the DB and is SIGKILLed before its broker commit.
@@ -122,3 +125,40 @@ def test_any_event_tells_the_settlement_the_ledger_grew(tmp_path: Path) -> None:
         w.emit(Kind.DB_COMMIT, op="op-1", msg="m-1")  # a kind the settlement does not read
         settlement.unsettled()
         assert settlement.last_event > before
+
+
+def _as_pid(ledger: Path, src: str, pid: int) -> LedgerWriter:
+    """A writer whose events say they came from process ``pid`` (one test process plays several)."""
+    w = LedgerWriter(ledger, src)
+    w.pid = pid
+    return w
+
+
+def test_a_dead_receivers_stale_copy_of_a_committed_message_is_settled_at_once(tmp_path: Path) -> None:
+    # worker-1 froze holding m-1; the broker gave m-1 to worker-0, which committed it; worker-1,
+    # thawed, read the stale frame (the latest delivery) and died of its cut connection.
+    ledger = tmp_path / "ledger"
+    with _as_pid(ledger, "worker-0", 100) as w0, _as_pid(ledger, "worker-1", 200) as w1:
+        w0.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+        w0.emit(Kind.BROKER_COMMIT, op="op-1", msg="m-1")
+        w1.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+    settlement = Settlement(ledger)
+    assert settlement.unsettled() == {"m-1"}  # no liveness known: the receiver may still settle it
+    assert settlement.unsettled((), live={100, 200}) == {"m-1"}  # worker-1 alive: it settles it or dies
+    # worker-1 gone: the broker dropped m-1 at worker-0's commit, nothing can come of the copy,
+    # whether or not its operation is known to be out and however recent the delivery
+    assert settlement.unsettled((), live={100}) == set()
+
+
+def test_a_dead_receivers_message_nobody_committed_waits_until_in_doubt_and_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # worker-1 died holding m-1 (its connection cut under a fault); the broker may still hold it.
+    ledger = tmp_path / "ledger"
+    with _as_pid(ledger, "worker-1", 200) as w1:
+        w1.emit(Kind.DELIVER, op="op-1", msg="m-1", attempt=1)
+    settlement = Settlement(ledger)
+    assert settlement.unsettled({"op-1"}, live={100}) == {"m-1"}  # recent: a redelivery may be on its way
+    monkeypatch.setattr(settle, "IN_DOUBT_S", 0.0)
+    assert settlement.unsettled(set(), live={100}) == {"m-1"}  # old, but its operation never came out
+    assert settlement.unsettled({"op-1"}, live={100}) == set()  # old and out: the commit came from elsewhere

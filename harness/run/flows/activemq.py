@@ -27,7 +27,7 @@ from harness.run.spec.flow import OPTIONAL_FIELDS, Flow, Parts, register
 from harness.run.spec.ops import OpSet
 from harness.run.transports.activemq import ActiveMQTransport
 from harness.run.transports.activemq_sink import QueueResidue, Sink
-from harness.run.transports.settle import Settlement
+from harness.run.transports.settle import IN_DOUBT_S, Settlement
 from harness.worker.crash import ACTIONS, STAGE_POINTS
 from harness.worker.spec import WorkerSpec
 
@@ -184,14 +184,24 @@ class QueuesSettle:
         s = self.session
         settlement = Settlement(s.folder.path / "ledger")
 
-        def unsettled() -> set[str]:
+        pending: set[str] = set()
+
+        def settled() -> bool:
             sink, pool = self.place.sink, s.pool
             out = sink.accounted() if sink is not None else OpSet()
             live = {p.pid for p in pool.procs.values() if p.alive()} if pool is not None else None
-            return settlement.unsettled(out, live)
+            pending.clear()
+            pending.update(settlement.unsettled(out, live))
+            return not pending
 
-        if not poll_until(lambda: not unsettled(), deadline=deadline):
-            s.folder.step(f"quiescence: {len(unsettled())} delivered message(s) never settled")
+        def report(waited: float) -> None:
+            s.progress(
+                f"{len(pending)} delivered message(s) not yet committed or given back after {waited:.0f}s "
+                f"(a dead worker's copy counts once its operation is out and {IN_DOUBT_S:g}s old)"
+            )
+
+        if not poll_until(settled, deadline=deadline, report=report, report_every_s=3.0):
+            s.folder.step(f"quiescence: {len(pending)} delivered message(s) never settled")
 
     def _outbox_empty(self) -> bool:
         outbox = self.session.spec.outbox_table

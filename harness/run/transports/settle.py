@@ -47,6 +47,7 @@ class Settlement:
         self._op_delivered: dict[str, int] = {}  # op -> ts_ns of its latest delivery, any stage
         self._op_nacked: dict[str, int] = {}  # op -> ts_ns of its latest NACK, any stage
         self._msg_op: dict[str, str] = {}  # msg -> its operation
+        self._committed: set[str] = set()  # messages some process committed: the broker holds them no more
         self.last_event = time.monotonic()  # when the ledger last grew (monotonic clock)
 
     def _read(self) -> None:
@@ -63,6 +64,8 @@ class Settlement:
                     self._msg_op[msg] = op
                     self._op_delivered[op] = max(self._op_delivered.get(op, ts), ts)
             elif kind in _SETTLED or _given_back_by_nack(event):
+                if kind == Kind.BROKER_COMMIT:
+                    self._committed.add(msg)
                 settled = self._settled_by[msg]
                 settled[pid] = max(settled.get(pid, seq), seq)
                 if kind != Kind.BROKER_COMMIT and op is not None:
@@ -73,11 +76,17 @@ class Settlement:
     def unsettled(self, out: Container[str] = (), live: Collection[int] | None = None) -> set[str]:
         """Return the message ids whose latest delivery has no commit or NACK by its receiver since.
 
-        With ``live`` (the pids of the processes running now): a delivery whose receiver is gone,
-        whose operation is ``out`` and which is older than ``IN_DOUBT_S`` counts as settled. Its
-        receiver died in the middle of it (its broker connection cut under a fault, a stale frame
-        read after a freeze): the broker took the operation's commit from someone, and a message it
-        still held would have come back to a live worker (a later delivery) long since.
+        With ``live`` (the pids of the processes running now), a delivery whose receiver is gone
+        counts as settled when the broker can no longer hold its message:
+
+        - another delivery of the message was committed (a ``broker_commit`` after the broker's
+          RECEIPT): the broker acknowledged and dropped it, so the dead receiver's copy was a stale
+          frame (read from its socket after a freeze, once the broker had given the message to
+          another worker). Nothing more can come of it, so quiescence need not wait.
+        - its operation is ``out`` and the delivery is older than ``IN_DOUBT_S``: the receiver died
+          in the middle of it (its broker connection cut under a fault), the broker took the
+          operation's commit from someone, and a message it still held would have come back to a
+          live worker (a later delivery) long since.
         """
         self._read()
         old = time.time_ns() - int(IN_DOUBT_S * 1e9)
@@ -85,7 +94,11 @@ class Settlement:
             msg
             for msg, (ts, pid, seq) in self._latest.items()
             if self._settled_by[msg].get(pid, -1) < seq
-            and not (live is not None and pid not in live and ts < old and self._msg_op.get(msg) in out)
+            and not (
+                live is not None
+                and pid not in live
+                and (msg in self._committed or (ts < old and self._msg_op.get(msg) in out))
+            )
         }
 
     def given_back(self, out: Container[str]) -> set[str]:
