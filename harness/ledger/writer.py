@@ -40,6 +40,21 @@ def _field(value: object) -> str:
     return _ROW.encode(value)
 
 
+_KINDS = {kind: _quote(str(kind)) for kind in Kind}  # each kind as JSON text, made once
+_SUBJECT_COLUMNS = frozenset({"op", "msg", "stage", "dest", "partition", "offset"})
+
+
+class Subject:
+    """The columns an event shares with the other events about its message, as ``LedgerWriter``
+    writes them: from ``op`` to the name of ``attempt`` (``head``), and from ``partition`` to the
+    name of ``detail`` (``tail``)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: str, tail: str) -> None:
+        self.head, self.tail = head, tail
+
+
 class _Held:
     """The rows a batch holds and their size in bytes."""
 
@@ -67,6 +82,22 @@ class LedgerWriter:
         self._lock = threading.Lock()
         self._local = threading.local()  # .held: the rows of this thread's open ``batch``
 
+    def subject(
+        self,
+        *,
+        op: str | None = None,
+        msg: str | None = None,
+        stage: str | None = None,
+        dest: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> Subject:
+        """Return the columns every event about one message shares, formatted once for ``emit_about``."""
+        return Subject(
+            f',"op":{_field(op)},"msg":{_field(msg)},"stage":{_field(stage)},"dest":{_field(dest)},"attempt":',
+            f',"partition":{_field(partition)},"offset":{_field(offset)},"detail":',
+        )
+
     def emit(
         self,
         kind: Kind,
@@ -82,16 +113,37 @@ class LedgerWriter:
         **detail: Any,
     ) -> None:
         """Append one event; returns once the kernel holds it."""
+        about = self.subject(op=op, msg=msg, stage=stage, dest=dest, partition=partition, offset=offset)
+        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
+        self._append(kind, about.head, attempt, point, about.tail, info)
+
+    def emit_about(
+        self, kind: Kind, subject: Subject, *, attempt: int | None = None, point: str | None = None, **detail: Any
+    ) -> None:
+        """Append one event about ``subject`` (``subject(...)``), exactly as ``emit`` with its columns
+        writes it; returns once the kernel holds it.
+
+        For a worker's events about one message (delivered, applied, committed, sent, its offset
+        committed): their shared columns are formatted once, not once an event.
+        """
+        if detail:
+            if not _SUBJECT_COLUMNS.isdisjoint(detail):
+                named = sorted(_SUBJECT_COLUMNS.intersection(detail))
+                raise TypeError(f"{', '.join(named)}: a column of the event's subject, not a detail")
+            info = _quote(dumps_sorted(detail))
+        else:
+            info = _EMPTY_DETAIL
+        self._append(kind, subject.head, attempt, point, subject.tail, info)
+
+    def _append(self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, info: str) -> None:
         # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
         # the row dict would write it (a test holds the two equal): a worker writes four or five
         # events a message, and the generic encoder of a dict was most of an event's cost.
-        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
         with self._lock:
             line = (
                 f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'
-                f'"kind":{_quote(str(kind))},"op":{_field(op)},"msg":{_field(msg)},"stage":{_field(stage)},'
-                f'"dest":{_field(dest)},"attempt":{_field(attempt)},"point":{_field(point)},'
-                f'"partition":{_field(partition)},"offset":{_field(offset)},"detail":{info}}}\n'
+                f'"kind":{_KINDS.get(kind) or _quote(str(kind))}{head}{_field(attempt)},"point":{_field(point)}'
+                f"{tail}{info}}}\n"
             )
             data = line.encode()
             self._seq += 1

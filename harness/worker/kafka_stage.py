@@ -28,6 +28,7 @@ from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
 from harness.jsontext import dumps
 from harness.ledger.schema import Kind
+from harness.ledger.writer import Subject
 from harness.worker.base import WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
 from harness.worker.high_water import HighWater
@@ -59,8 +60,10 @@ class KafkaStageWorker(WorkerRuntime):
         handler: Any = load_handler(spec.handler)
         self.handler: BatchHandler = handler if getattr(handler, "txchaos_batch", False) else per_record(handler)
         self.high = HighWater(self.run_dir / "kafka-high")
-        # Records handed out and not yet covered by an offset commit, per partition: (offset, op).
-        self.pending: dict[TP, list[tuple[int, str]]] = {}
+        # Records handed out and not yet covered by an offset commit, per partition: (offset, the
+        # ledger columns its events share).
+        self.pending: dict[TP, list[tuple[int, Subject]]] = {}
+        self._subjects: dict[str, Subject] = {}  # the current batch's records' shared columns, by coordinates
         self.batches = 0
         self._armed: frozenset[str] = frozenset()
         self.consumer: GroupConsumer | None = None
@@ -75,17 +78,20 @@ class KafkaStageWorker(WorkerRuntime):
         m = self.consumer.member()
         return {"member": m.member_id, "generation": m.generation} if with_id else {"generation": m.generation}
 
-    def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
-        self.ledger.emit(
-            kind,
+    def _subject(self, record: Record, op: str) -> Subject:
+        return self.ledger.subject(
             op=op,
             msg=record.coord,
             stage=self.spec.stage,
             dest=record.topic,
             partition=record.partition,
             offset=record.offset,
-            **detail,
         )
+
+    def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
+        # Five or so events a record share their columns: formatted once, when it is delivered.
+        subject = self._subjects.get(record.coord)
+        self.ledger.emit_about(kind, subject or self._subject(record, op), **detail)
 
     def _reach(self, point: str, record: Record, op: str) -> None:
         # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
@@ -114,20 +120,10 @@ class KafkaStageWorker(WorkerRuntime):
         with self.ledger.batch():  # after the commit: one write for all it covered
             for tp, upto in committed.items():
                 waiting = self.pending.get(tp, [])
-                done = [(o, op) for o, op in waiting if o < upto]
-                self.pending[tp] = [(o, op) for o, op in waiting if o >= upto]
-                for offset, op in done:
-                    self.ledger.emit(
-                        Kind.BROKER_COMMIT,
-                        op=op,
-                        msg=f"{tp[0]}/{tp[1]}@{offset}",
-                        stage=self.spec.stage,
-                        dest=tp[0],
-                        partition=tp[1],
-                        offset=offset,
-                        committed=upto,
-                        **member,
-                    )
+                self.pending[tp] = [w for w in waiting if w[0] >= upto]
+                for offset, subject in waiting:
+                    if offset < upto:
+                        self.ledger.emit_about(Kind.BROKER_COMMIT, subject, committed=upto, **member)
 
     def _join(self) -> GroupConsumer:
         o = self.opts
@@ -183,18 +179,26 @@ class KafkaStageWorker(WorkerRuntime):
             highest[r.tp] = max(highest.get(r.tp, -1), r.offset)
         before = {tp: self.high.mark(tp, top) for tp, top in highest.items()}
         ops = []
+        self._subjects = {}
         with self.ledger.batch():  # one write for the batch's deliveries: nothing can crash between them
             for i, r in enumerate(records):
                 op = op_of(r)
+                subject = self._subjects[r.coord] = self._subject(r, op)
                 redelivered = r.offset <= before[r.tp]
                 attempt = 1
                 if redelivered:
                     self.attempts[r.coord] += 1
                     attempt = 1 + self.attempts[r.coord]
-                self._emit(
-                    Kind.DELIVER, r, op, attempt=attempt, redelivered=redelivered, batch=self.batches, index=i, **member
+                self.ledger.emit_about(
+                    Kind.DELIVER,
+                    subject,
+                    attempt=attempt,
+                    redelivered=redelivered,
+                    batch=self.batches,
+                    index=i,
+                    **member,
                 )
-                self.pending.setdefault(r.tp, []).append((r.offset, op))
+                self.pending.setdefault(r.tp, []).append((r.offset, subject))
                 ops.append(op)
         return ops
 
