@@ -12,13 +12,15 @@ import pytest
 
 # A server whose "worker" does what its spec file says: exit N, kill itself, or sleep.
 SERVER = """
-import os, signal, sys, time
+import gc, os, signal, sys, time
 from pathlib import Path
 from harness.worker.zygote import serve
 
 def run(spec: Path) -> None:
     what, _, arg = spec.read_text().partition(" ")
     print(f"worker {os.getpid()} says {what}", flush=True)
+    if what == "gc":
+        print(f"frozen {gc.get_freeze_count()} threshold {gc.get_threshold()[0]}", flush=True)
     if what == "exit":
         sys.exit(int(arg))
     if what == "kill":
@@ -84,3 +86,18 @@ def test_eof_stops_the_server(server: subprocess.Popen[bytes]) -> None:
     assert server.stdin is not None
     server.stdin.close()
     assert server.wait(10) == 0
+
+
+def test_a_worker_starts_with_the_servers_imports_frozen_out_of_collections(
+    server: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    from harness.worker.zygote import GEN0_THRESHOLD
+
+    pid = _ask(server, tmp_path, "g", "gc 0")
+    assert _report(server) == ["exit", str(pid), "0"]
+    said, frozen = (tmp_path / "g.log").read_text().splitlines()
+    assert said == f"worker {pid} says gc"
+    words = frozen.split()
+    assert words[0] == "frozen"
+    assert int(words[1]) > 1_000  # the interpreter's and the harness's own objects
+    assert words[2:] == ["threshold", str(GEN0_THRESHOLD)]
