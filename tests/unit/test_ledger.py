@@ -500,3 +500,26 @@ def test_a_compaction_leaves_a_running_processs_spill_and_removes_a_dead_ones(tm
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_an_event_about_a_subject_is_the_row_emit_writes(tmp_path: Path) -> None:
+    columns = {"op": 'op "1" é', "msg": "in/2@7", "stage": "worker", "dest": "in", "partition": 2, "offset": 7}
+    events = [
+        (Kind.DELIVER, {"attempt": 2, "redelivered": True, "batch": 3}),
+        (Kind.DB_COMMIT, {}),
+        (Kind.CRASH, {"point": "after_db_commit", "arm": "arm-0"}),
+    ]
+    by_emit, by_subject = tmp_path / "emit", tmp_path / "subject"
+    with LedgerWriter(by_emit, "worker-0") as w:
+        for kind, detail in events:
+            w.emit(kind, **columns, **detail)
+    with LedgerWriter(by_subject, "worker-0") as w:
+        about = w.subject(**columns)
+        for kind, detail in events:
+            w.emit_about(kind, about, **detail)
+        with pytest.raises(TypeError, match="dest, offset: a column of the event's subject"):
+            w.emit_about(Kind.SEND, about, offset=9, dest="elsewhere")
+    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_emit, by_subject)]
+    assert len(lines[1]) == len(events)  # the refused event wrote nothing
+    untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
+    assert untimed[1] == untimed[0]
