@@ -159,7 +159,7 @@ def _show(result: RunResult, replay_hint: str) -> int:
     console.print(verdict_line(f"{spec.label} seed {spec.seed}", verdict))
     said = expectation(result)  # a known-bad variant's anomalies are what it exists to show
     if said:
-        console.print(Text.from_markup(f"  {said}"))  # the scenario's own classes, in markup
+        console.print(said)
     console.print(f"  run folder: {result.run_dir}")
     for w in verdict.witnesses[:5]:
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w.summary.items() if v) or "-"

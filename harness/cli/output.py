@@ -23,11 +23,11 @@ def verdict_line(label: str, verdict: Verdict) -> Text:
     return Text.assemble((label, "bold"), ": ", (verdict.headline(), "green" if verdict.clean else "red"))
 
 
-def expectation(result: RunResult) -> str | None:
-    """Return whether a run (or soak) found what its scenario expects, in markup: ``as expected: the
-    scenario expects duplicate-effect`` or ``UNEXPECTED: ...`` (None for a clean run expected clean)."""
+def expectation(result: RunResult) -> Text | None:
+    """Return whether a run (or soak) found what its scenario expects, indented: ``as expected: the
+    scenario expects duplicate-effect`` or ``UNEXPECTED: ...`` in red (None for a clean run expected clean)."""
     expect, verdict = result.spec.expect, result.verdict
     if not expect and verdict.clean:
         return None
-    said = "as expected" if result.as_expected else "[red]UNEXPECTED[/]"
-    return f"{said}: the scenario expects {', '.join(sorted(expect)) or 'a clean run'}"
+    said = ("as expected", "") if result.as_expected else ("UNEXPECTED", "red")
+    return Text.assemble("  ", said, f": the scenario expects {', '.join(sorted(expect)) or 'a clean run'}")

@@ -193,7 +193,7 @@ def show_soak(result: SoakResult, scenario: str | None = None, options: list[str
     console.print(verdict_line(result.soak.label, verdict))
     said = expectation(result)  # a naive variant's soak exists to show its anomalies, as a run does
     if said:
-        console.print(Text.from_markup(f"  {said}"))  # the scenario's own classes, in markup
+        console.print(said)
     console.print(
         f"  {stats.submitted:,} ops in {stats.wall_s:.1f}s end to end ({stats.ops_per_s:,.0f} ops/s; "
         f"{_phases(stats)}); {stats.windows} fault window(s), "

@@ -261,16 +261,22 @@ def test_a_run_or_soak_says_whether_it_found_what_its_scenario_expects(tmp_path:
     from harness.cli.output import expectation
     from harness.run.core.outcome import RunResult
     from harness.run.spec.files import resolve
+    from harness.run.spec.scenario import ScenarioSpec
     from harness.verify.verdict import Verdict
 
     (naive,) = resolve(str(REPO / "scenarios/onepc_crash_gap_scenario.py:naive"), 0)
     (fixed,) = resolve(str(REPO / "scenarios/onepc_crash_gap_scenario.py:check-then-skip-locked"), 0)
     dup = Verdict({"duplicate-effect": 1}, (), {}, "in-process")
     clean = Verdict({}, (), {}, "in-process")
-    assert expectation(RunResult(tmp_path, dup, naive)) == "as expected: the scenario expects duplicate-effect"
-    assert expectation(RunResult(tmp_path, clean, naive)) == "[red]UNEXPECTED[/]: the scenario expects duplicate-effect"
-    assert expectation(RunResult(tmp_path, dup, fixed)) == "[red]UNEXPECTED[/]: the scenario expects a clean run"
-    assert expectation(RunResult(tmp_path, clean, fixed)) is None
+
+    def said(verdict: Verdict, spec: ScenarioSpec) -> tuple[str, list[str]] | None:
+        text = expectation(RunResult(tmp_path, verdict, spec))
+        return None if text is None else (text.plain, [str(span.style) for span in text.spans])
+
+    assert said(dup, naive) == ("  as expected: the scenario expects duplicate-effect", [])
+    assert said(clean, naive) == ("  UNEXPECTED: the scenario expects duplicate-effect", ["red"])
+    assert said(dup, fixed) == ("  UNEXPECTED: the scenario expects a clean run", ["red"])
+    assert said(clean, fixed) is None
 
 
 def test_a_verdict_line_keeps_the_op_ids_that_rich_would_take_for_style_tags() -> None:
