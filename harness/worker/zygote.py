@@ -16,8 +16,8 @@ The server is single-threaded on purpose: a fork copies only the calling thread,
 held by another thread at that moment would stay locked in the child forever.
 
 What the server has imported is frozen out of the cyclic garbage collector before the first fork
-(``gc.freeze``, as the ``gc`` module's documentation advises for a fork server), and the workers
-collect less often: a Kafka worker's collections scanned those hundreds of thousands of
+(``harness.heap``, as the ``gc`` module's documentation advises for a fork server), and the
+workers collect less often: a Kafka worker's collections scanned those hundreds of thousands of
 long-lived objects over and over, 1.5 s of its 8.8 s of CPU in a 200,000-operation soak (0.3 s
 frozen). The pages holding them also stay shared with every fork, not copied by a collection.
 """
@@ -34,6 +34,8 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+from harness.heap import freeze_loaded
 
 _PR_SET_PDEATHSIG = 1
 # Allocations, less frees, before a worker's youngest generation is collected (Python's default is
@@ -81,8 +83,7 @@ def _child(spec_path: Path, log_path: str, server_pid: int, run: Runner) -> None
 def serve(run: Runner) -> int:
     """Fork ``run(spec_path)`` per request on stdin until EOF; report pids and exits on stdout."""
     server_pid = os.getpid()
-    gc.collect()
-    gc.freeze()
+    freeze_loaded()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, older, oldest)
     wake_r, wake_w = os.pipe()

@@ -29,7 +29,7 @@ ADAPTERS = {
 LAYERS = [
     # reporting.allure_cli is a stdlib-only installer the bootstrap calls: it imports nothing of ours.
     # The bootstrap and the modules it is split into run before the virtualenv exists: stdlib only.
-    {"errors", "interrupts", "jsontext", "paths", "poll", "procfs", "protocols", "resources", "signals"}
+    {"errors", "heap", "interrupts", "jsontext", "paths", "poll", "procfs", "protocols", "resources", "signals"}
     | {"stack.topology"}
     | {"reporting.allure_cli", "stack.bootstrap", "stack.install_shell", "stack.cache_manifest", "stack.go_builds"}
     | {"stack.host_tools"},
