@@ -28,6 +28,12 @@ class TxChaosError(Exception):
         super().__init__(f"{message}\nHint: {hint}" if hint else message)
 
 
+def error_lines(exc: TxChaosError) -> str:
+    """Return the lines a command prints for ``exc`` on stderr: ``txchaos: ConfigError: ...`` and its
+    ``Hint:``, the same from every subcommand (plain text, never wrapped: it names a value to copy)."""
+    return f"txchaos: {type(exc).__name__}: {exc}\n"
+
+
 class ConfigError(TxChaosError):
     """Bad user input: a spec value, an option, a missing tool. Nothing has started yet."""
 

@@ -25,7 +25,7 @@ from harness.cli.args import SCENARIO_HELP, SEED_HELP
 from harness.cli.output import console, expectation, verdict_line
 from harness.cli.stacks import running_stack, stack_alive
 from harness.cli.suite import cmd_flagship, cmd_report, cmd_test
-from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError
+from harness.errors import EXIT_INCOMPLETE, EXIT_UNFIRED, ConfigError, TxChaosError, error_lines
 
 if TYPE_CHECKING:
     from harness.run.core.outcome import RunResult
@@ -373,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             code: int = args.func(args)
         return code
     except TxChaosError as exc:
-        # Plain stderr, never wrapped: the message names a value the user will copy.
-        sys.stderr.write(f"txchaos: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(error_lines(exc))
         return exc.exit_code
     except KeyboardInterrupt as exc:
         with terminating():  # a second signal must not cut this short

@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, TxChaosError
+from harness.errors import ConfigError, TxChaosError, error_lines
 from harness.verify.model import FlowContract
 from harness.verify.verdict import Verdict
 
@@ -50,7 +50,7 @@ def synth_main(argv: Sequence[str] | None = None) -> int:
     try:
         run = synth_run(args.out, args.events, args.seed, args.anomaly_rate)
     except TxChaosError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(error_lines(exc))
         return exc.exit_code
     manifest = json.loads((run / "manifest.json").read_text())
     sys.stdout.write(
@@ -163,7 +163,7 @@ def verify_main(argv: Sequence[str] | None = None) -> int:
     try:
         verdict = verify_run(args.run_dir, engine=args.engine, master=args.master, verbose=args.verbose)
     except TxChaosError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(error_lines(exc))
         return exc.exit_code
     for note in verdict.notes:
         sys.stdout.write(f"note: {note}\n")

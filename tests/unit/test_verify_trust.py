@@ -251,7 +251,7 @@ def test_a_damaged_compacted_ledger_without_segments_is_one_clear_error(tmp_path
         checker.check_run(run, FlowContract())
     assert verify_main([str(run), "--engine", "in-process"]) == EXIT_INCOMPLETE
     err = capsys.readouterr().err
-    assert err.startswith("error: ")
+    assert err.startswith("txchaos: IncompleteEvidence: ")  # as every subcommand says its errors
     assert "Traceback" not in err
     assert len(err.splitlines()) == 2
 
