@@ -5,7 +5,7 @@ pyarrow, the Kafka client, rich) for its whole life. Python's collector walks al
 collection of its oldest generation, and the youngest generation's collections add up. Measured on
 a 200,000-operation Kafka soak (``gc.callbacks``): the Kafka worker's collections took 1.5 s of its
 8.8 s of CPU; in a 1,000,000-operation soak the driver's 26 collections of the oldest generation
-took 90-100 ms each, the whole process paused, its sink included. Frozen (``gc.freeze``), that heap
+took 85-104 ms each, the whole process paused, its sink included. Frozen (``gc.freeze``), that heap
 is left out of every collection; what the work allocates is collected as before.
 """
 

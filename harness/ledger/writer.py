@@ -41,6 +41,13 @@ def _field(value: object) -> str:
 
 
 _KINDS = {kind: _quote(str(kind)) for kind in Kind}  # each kind as JSON text, made once
+
+
+def _kind(kind: Kind) -> str:
+    """Return ``kind`` as JSON text (a str that is no ``Kind`` too)."""
+    return _KINDS.get(kind) or _quote(str(kind))
+
+
 _SUBJECT_COLUMNS = frozenset({"op", "msg", "stage", "dest", "partition", "offset"})
 
 
@@ -114,8 +121,7 @@ class LedgerWriter:
     ) -> None:
         """Append one event; returns once the kernel holds it."""
         about = self.subject(op=op, msg=msg, stage=stage, dest=dest, partition=partition, offset=offset)
-        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
-        self._append(kind, about.head, attempt, point, about.tail, info)
+        self._append(kind, about.head, attempt, point, about.tail, detail)
 
     def emit_about(
         self, kind: Kind, subject: Subject, *, attempt: int | None = None, point: str | None = None, **detail: Any
@@ -126,23 +132,22 @@ class LedgerWriter:
         For a worker's events about one message (delivered, applied, committed, sent, its offset
         committed): their shared columns are formatted once, not once an event.
         """
-        if detail:
-            if not _SUBJECT_COLUMNS.isdisjoint(detail):
-                named = sorted(_SUBJECT_COLUMNS.intersection(detail))
-                raise TypeError(f"{', '.join(named)}: a column of the event's subject, not a detail")
-            info = _quote(dumps_sorted(detail))
-        else:
-            info = _EMPTY_DETAIL
-        self._append(kind, subject.head, attempt, point, subject.tail, info)
+        if detail and not _SUBJECT_COLUMNS.isdisjoint(detail):
+            named = sorted(_SUBJECT_COLUMNS.intersection(detail))
+            raise TypeError(f"{', '.join(named)}: a column of the event's subject, not a detail")
+        self._append(kind, subject.head, attempt, point, subject.tail, detail)
 
-    def _append(self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, info: str) -> None:
+    def _append(
+        self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, detail: dict[str, Any]
+    ) -> None:
         # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
         # the row dict would write it (a test holds the two equal): a worker writes four or five
         # events a message, and the generic encoder of a dict was most of an event's cost.
+        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
         with self._lock:
             line = (
                 f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'
-                f'"kind":{_KINDS.get(kind) or _quote(str(kind))}{head}{_field(attempt)},"point":{_field(point)}'
+                f'"kind":{_kind(kind)}{head}{_field(attempt)},"point":{_field(point)}'
                 f"{tail}{info}}}\n"
             )
             data = line.encode()
@@ -166,7 +171,7 @@ class LedgerWriter:
             f',"msg":null,"stage":null,"dest":{_field(dest)},"attempt":null,"point":null,'
             f'"partition":null,"offset":null,"detail":{_EMPTY_DETAIL}}}\n'
         )
-        kind_op = f',"kind":{_quote(str(kind))},"op":'
+        kind_op = f',"kind":{_kind(kind)},"op":'
         rows = iter(ops)
         while chunk := list(itertools.islice(rows, _OPS_CHUNK)):
             with self._lock:
