@@ -15,7 +15,9 @@ def test_the_loaded_heap_is_frozen_for_the_block_and_given_back_after() -> None:
         frozen = gc.get_freeze_count()
         assert frozen > 1_000  # the interpreter's and the test run's own objects
         made = [[] for _ in range(100)]  # what the block allocates is collected as before
-        assert gc.get_freeze_count() == frozen
+        # not frozen: the count does not grow (it may shrink: a frozen object still dies when its
+        # last reference goes, as other threads of the test run let some go)
+        assert gc.get_freeze_count() <= frozen
         del made
     assert gc.get_freeze_count() == 0
 
