@@ -76,6 +76,11 @@ def test_the_locked_check_holds_under_the_same_soak(txchaos_soak) -> None:  # ty
     assert not result.verdict.unfired
 
 
+def _opened_a_window(reports: Path) -> bool:
+    """Tell whether a soak under ``reports`` has opened its first fault window (its steps say so)."""
+    return any('"step": "open"' in steps.read_text() for steps in reports.glob("runs/*/steps.jsonl"))
+
+
 def test_an_interrupted_soak_heals_closes_its_books_and_says_what_it_judged(
     txchaos_stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -85,7 +90,13 @@ def test_an_interrupted_soak_heals_closes_its_books_and_says_what_it_judged(
     command = [sys.executable, "-m", "harness.cli", "soak", "onepc_crash_gap:check-then-skip-locked"]
     command += ["--duration", "10m", "--nemesis", "pause,latency", "--engine", "in-process"]
     proc = subprocess.Popen(command, env=env, cwd=HERE.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(12)  # past the stack check, the workers' start and the first fault window
+    # Past the stack check, the workers' start and the first fault window: waited for, not slept
+    # for. A fixed 12 s once ended before the soak had made its run folder (a cold page cache:
+    # 10 s of imports before the first line).
+    deadline = time.monotonic() + 120
+    while not _opened_a_window(tmp_path / "reports") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     text = out.decode(errors="replace")
