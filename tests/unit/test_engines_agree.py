@@ -250,7 +250,7 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
     assert [x.op for x in remote.witnesses[1:]] == [f"orphan-{i:05d}" for i in range(WITNESSES_PER_CLASS)]
 
 
-@pytest.mark.parametrize("case_windows", [0, 1000], ids=["time-slot join", "a CASE per window"])
+@pytest.mark.parametrize("case_windows", [0, 1000], ids=["time-slot join", "window masks"])
 def test_engines_measure_every_fault_window_of_a_long_run(
     spark_engine: Any, tmp_path: Path, case_windows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
