@@ -325,8 +325,10 @@ def _run_rows(
     return table, windows
 
 
-def synth_run(out_dir: Path, events: int, seed: int, anomaly_rate: float = 1e-3) -> Path:
+def synth_run(out_dir: Path, events: int, seed: int, anomaly_rate: float = 1e-3, *, windows: int | None = None) -> Path:
     """Write a synthetic run folder of about ``events`` events into ``out_dir``; return it.
+
+    ``windows``: how many fault windows (default: one per 100,000 operations, 3 to 60).
 
     ``out_dir`` must be new or empty (``check_out_dir``). The folder is written as a hidden sibling
     and renamed into place once whole, so a failure leaves nothing behind.
@@ -337,7 +339,7 @@ def synth_run(out_dir: Path, events: int, seed: int, anomaly_rate: float = 1e-3)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{secrets.token_hex(4)}"
     try:
-        _write_run(tmp, out_dir.name, events, seed, anomaly_rate)
+        _write_run(tmp, out_dir.name, events, seed, anomaly_rate, windows)
         if out_dir.is_dir():
             out_dir.rmdir()  # empty (checked above); a file appearing since makes this fail, not lose it
         tmp.rename(out_dir)
@@ -347,7 +349,9 @@ def synth_run(out_dir: Path, events: int, seed: int, anomaly_rate: float = 1e-3)
     return out_dir
 
 
-def _write_run(out_dir: Path, run_id: str, events: int, seed: int, anomaly_rate: float) -> None:
+def _write_run(
+    out_dir: Path, run_id: str, events: int, seed: int, anomaly_rate: float, windows: int | None = None
+) -> None:
     started = time.time()
     rng = np.random.default_rng(seed)
     n_ops = max(1, int(events / EVENTS_PER_OP))
@@ -373,7 +377,7 @@ def _write_run(out_dir: Path, run_id: str, events: int, seed: int, anomaly_rate:
     for name, also in ALSO_EXPECTED.items():
         for other in also:
             truth[other] += truth[name]
-    n_windows = int(min(60, max(3, n_ops // 100_000)))
+    n_windows = int(min(60, max(3, n_ops // 100_000))) if windows is None else windows
     run_rows, windows = _run_rows(t_end, t_end - 59_000_000_000, n_windows, rng, seq)
     writer.write(run_rows)
     written += run_rows.num_rows

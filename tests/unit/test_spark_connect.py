@@ -85,7 +85,9 @@ def test_verify_runs_on_the_stacks_server_and_down_stops_it(tmp_path: Path, monk
 
     state = _stack(tmp_path, monkeypatch)
     stack_id = f"unit-{os.getpid()}"
-    run = synth_run(tmp_path / "run", 20_000, seed=5, anomaly_rate=0.02)
+    # 60 fault windows, as a long run has: a Connect client sends its plan as nested messages, and
+    # a mask of 60 windows built of nested Columns was refused by the server as too deep
+    run = synth_run(tmp_path / "run", 20_000, seed=5, anomaly_rate=0.02, windows=60)
     try:
         line = spark_connect.up(state, stack_id, warm=[sys.executable, "-m", "harness.verify.spark.warm"])
         assert "spark connect: sc://127.0.0.1:" in line, line
@@ -108,7 +110,10 @@ def test_verify_runs_on_the_stacks_server_and_down_stops_it(tmp_path: Path, monk
         spark_verdict = json.loads((run / "verdict-spark.json").read_text())
         assert "connect_s" in spark_verdict["timing"]
         found = {k: v for k, v in spark_verdict["anomalies"].items() if v}
-        assert found == checker.check_run(run, contract_of(run)).found()
+        local = checker.check_run(run, contract_of(run))
+        assert found == local.found()
+        assert len(local.stats["fault_windows"]) == 60
+        assert spark_verdict["stats"]["fault_windows"] == local.stats["fault_windows"]
     finally:
         spark_connect.stop(state, stack_id)
     assert start_time(pid) is None or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"

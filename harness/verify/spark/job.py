@@ -178,16 +178,18 @@ def _is_anomaly_row(w: Column) -> Column:
 
 
 def _window_masks(windows: list[assemble.FaultWindow]) -> list[Column]:
-    """Return, per word of ``MASK_BITS`` windows, the bits of the windows an operation's span overlaps."""
-    first, last = F.col("first_ns"), F.col("last_ns")
-    zero = F.lit(0).cast("long")
+    """Return, per word of ``MASK_BITS`` windows, the bits of the windows an operation's span overlaps.
+
+    As SQL text: a Connect client sends a Column built of nested calls as nested messages, and the
+    server refuses a plan nested deeper than its limit (60 windows' sum did); text is parsed there.
+    """
     words: list[Column] = []
     for lo in range(0, len(windows), MASK_BITS):
-        word = zero
-        for b, w in enumerate(windows[lo : lo + MASK_BITS]):
-            hit = first.isNotNull() & (first <= w.end) & (last >= w.start_ns)
-            word = word + F.when(hit, F.lit(1 << b).cast("long")).otherwise(zero)  # distinct bits: a sum is their union
-        words.append(word)
+        bits = [
+            f"CASE WHEN first_ns <= {w.end} AND last_ns >= {w.start_ns} THEN {1 << b}L ELSE 0L END"
+            for b, w in enumerate(windows[lo : lo + MASK_BITS])
+        ]
+        words.append(F.expr(" + ".join(bits)))  # distinct bits: the sum is their union
     return words
 
 
