@@ -378,7 +378,7 @@ def _write_run(
         for other in also:
             truth[other] += truth[name]
     n_windows = int(min(60, max(3, n_ops // 100_000))) if windows is None else windows
-    run_rows, windows = _run_rows(t_end, t_end - 59_000_000_000, n_windows, rng, seq)
+    run_rows, opened = _run_rows(t_end, t_end - 59_000_000_000, n_windows, rng, seq)
     writer.write(run_rows)
     written += run_rows.num_rows
     writer.close(written)
@@ -392,7 +392,7 @@ def _write_run(
         "anomaly_rate": anomaly_rate,
         "ground_truth": truth,
         "ground_truth_sample": sample,
-        "fault_windows": windows,
+        "fault_windows": opened,
         "contract": CONTRACT,
         "ledger_schema": SCHEMA_VERSION,
         "started_at": started,
