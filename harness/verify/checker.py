@@ -39,7 +39,7 @@ from harness.verify.assemble import (
     pair_fault_windows,
 )
 from harness.verify.evidence import gather
-from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
+from harness.verify.model import COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
 from harness.verify.verdict import Verdict
 
 __all__ = [
@@ -138,38 +138,90 @@ def _writers(con: duckdb.DuckDBPyConnection) -> Writers:
     return {(s, int(p), k, bool(h)): (int(n), int(lo), int(hi)) for s, p, k, h, n, lo, hi in rows}
 
 
-def _aggregates(
-    con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow], writers: Writers
-) -> Aggregates:
-    flags = {cls: sql.flag_column(cls) for cls in judged}
+# Up to this many fault windows the summary is never stored: one query streams it into every
+# figure, the windows' included (a mask word per 63 windows, ``sql.window_masks``). Past it the
+# summary is stored once and the windows are a range join over it, whose cost follows the overlaps.
+MASK_WINDOWS = 64
+
+
+def _one_pass(con: duckdb.DuckDBPyConnection, summary: str, flags: dict[str, str], masks: list[str]) -> dict[str, Any]:
+    """Return every figure of the verdict over ``summary`` (a relation of operation rows) in one
+    aggregate: totals, histograms (DuckDB's ``histogram``), each judged class's first
+    ``WITNESSES_PER_CLASS`` op ids (``min(op_id, n)``) and, per mask word, the operations counted
+    by (the windows they overlap, redelivered or not, the classes they show)."""
     sums = ", ".join(f"sum({n}) AS {n}" for n in COUNTS)
     hits = "".join(f", sum({f}) AS {f}" for f in flags.values())
-    top = _dicts(
+    picks = "".join(f", min(op_id, {WITNESSES_PER_CLASS}) FILTER (WHERE {f} = 1) AS p_{f}" for f in flags.values())
+    shows = " + ".join(f"{f} * {1 << i}" for i, f in enumerate(flags.values())) or "0"
+    redelivered = "CAST(redeliveries > 0 AS INT)"
+    sets = "".join(
+        f", histogram(struct_pack(m := _m{j}, r := {redelivered}, f := _f)) FILTER (WHERE _m{j} <> 0) AS o{j}"
+        for j in range(len(masks))
+    )
+    words = "".join(f", {m} AS _m{j}" for j, m in enumerate(masks))
+    return _dicts(
         con,
         f"SELECT count(*) AS ops, {sums}{hits}, sum(redeliveries) AS redeliveries, "
-        "sum(CASE WHEN redeliveries > 0 THEN 1 ELSE 0 END) AS redelivered_ops, max(deliveries) AS max_d, "
-        "sum(greatest(downstream - 1, 0)) AS dup_down, max(lat_us) AS lat_max, sum(skew) AS skew FROM summary",
+        f"count(*) FILTER (WHERE redeliveries > 0) AS redelivered_ops, max(deliveries) AS max_d, "
+        "sum(greatest(downstream - 1, 0)) AS dup_down, max(lat_us) AS lat_max, sum(skew) AS skew, "
+        f"histogram(least(deliveries, {DELIVERY_HIST_CAP})) AS hist, "
+        f"histogram(lat_bucket) FILTER (WHERE lat_us IS NOT NULL) AS lat{picks}{sets} "
+        f"FROM (SELECT *, {shows} AS _f{words} FROM {summary}) s",
     )[0]
-    hist = con.execute(
-        f"SELECT least(deliveries, {DELIVERY_HIST_CAP}) AS h, count(*) FROM summary GROUP BY h"
-    ).fetchall()
-    lat = con.execute("SELECT lat_bucket, count(*) FROM summary WHERE lat_us IS NOT NULL GROUP BY 1").fetchall()
+
+
+def _mask_overlays(top: dict[str, Any], flags: dict[str, str], words: int) -> dict[int, dict[str, int]]:
+    """Return window index -> its figures, added up from ``_one_pass``'s sets of windows."""
+    out: dict[int, dict[str, int]] = {}
+    for j in range(words):
+        sets = top[f"o{j}"] or {"key": [], "value": []}  # a MAP of STRUCT keys comes as two lists
+        for key, n in zip(sets["key"], sets["value"], strict=True):
+            sums = {"ops": n, "redelivered_ops": n * key["r"]}
+            sums |= {cls: n * (key["f"] >> i & 1) for i, cls in enumerate(flags)}
+            for w in sql.mask_bits(int(key["m"]), j):
+                into = out.setdefault(w, dict.fromkeys(sums, 0))
+                for name, v in sums.items():
+                    into[name] += v
+    return dict(sorted(out.items()))
+
+
+def _joined_overlays(
+    con: duckdb.DuckDBPyConnection, summary: str, flags: dict[str, str], windows: list[FaultWindow]
+) -> dict[int, dict[str, int]]:
+    """Return window index -> its figures: a range join of the stored summary with the windows."""
+    hits = "".join(f", sum({f}) AS {f}" for f in flags.values())
     _windows_table(con, windows)
-    overlay_rows = _dicts(
+    rows = _dicts(
         con,
-        "SELECT w.i AS i, count(*) AS ops, sum(CASE WHEN redeliveries > 0 THEN 1 ELSE 0 END) AS redelivered_ops"
-        f"{hits} FROM summary JOIN win w ON first_ns <= w.e AND last_ns >= w.s GROUP BY w.i",
+        "SELECT w.i AS i, count(*) AS ops, count(*) FILTER (WHERE redeliveries > 0) AS redelivered_ops"
+        f"{hits} FROM {summary} JOIN win w ON first_ns <= w.e AND last_ns >= w.s GROUP BY w.i",
     )
-    overlays = {
+    return {
         int(r["i"]): {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
         | {cls: int(r[f]) for cls, f in flags.items()}
-        for r in overlay_rows
+        for r in rows
     }
+
+
+def _aggregates(
+    con: duckdb.DuckDBPyConnection, summary_sql: str, judged: list[str], windows: list[FaultWindow], writers: Writers
+) -> tuple[Aggregates, list[tuple[str, list[int]]]]:
+    """Return the aggregates and each judged class's witness op ids (first in op_id order)."""
+    flags = {cls: sql.flag_column(cls) for cls in judged}
+    few = len(windows) <= MASK_WINDOWS
+    if few:
+        summary = f"({summary_sql})"
+        masks = sql.window_masks([(w.start_ns, w.end) for w in windows])
+    else:
+        con.execute(f"CREATE TEMP TABLE summary AS {summary_sql}")
+        summary, masks = "summary", []
+    top = _one_pass(con, summary, flags, masks)
+    overlays = _mask_overlays(top, flags, len(masks)) if few else _joined_overlays(con, summary, flags, windows)
 
     def num(name: str) -> int:
         return int(top[name] or 0)
 
-    return Aggregates(
+    agg = Aggregates(
         writers=writers,
         operations=num("ops"),
         totals={n: num(n) for n in COUNTS},
@@ -178,44 +230,45 @@ def _aggregates(
         redelivered_ops=num("redelivered_ops"),
         max_deliveries=num("max_d"),
         duplicate_downstream=num("dup_down"),
-        deliveries_hist={int(h): int(n) for h, n in sorted(hist)},
-        latency_hist={int(b): int(n) for b, n in sorted(lat)},
+        deliveries_hist={int(h): int(n) for h, n in sorted((top["hist"] or {}).items())},
+        latency_hist={int(b): int(n) for b, n in sorted((top["lat"] or {}).items())},
         latency_max_us=None if top["lat_max"] is None else int(top["lat_max"]),
         clock_skew_ops=num("skew"),
         overlays=overlays,
     )
+    picks = [(cls, sorted(int(i) for i in top[f"p_{f}"] or ())) for cls, f in flags.items()]
+    return agg, picks
 
 
-def _witnesses(con: duckdb.DuckDBPyConnection, judged: list[str], windows: list[FaultWindow]) -> tuple[Any, ...]:
-    """Return each class's first ``WITNESSES_PER_CLASS`` witnesses in (class, op) order, with their chains.
+def _witnesses(
+    con: duckdb.DuckDBPyConnection,
+    contract: FlowContract,
+    picks: list[tuple[str, list[int]]],
+    windows: list[FaultWindow],
+) -> tuple[Any, ...]:
+    """Return the witnesses of ``picks`` (class, op ids), in (class, op) order, with their chains.
 
-    ``op_id`` orders as the operation ids do, so this is the Spark engine's choice too.
+    Their events are fetched once; each witness's summary figures are the summary's own SQL run
+    over its events alone. ``op_id`` orders as the operation ids do, so this is the Spark engine's
+    choice too.
     """
-    picked: list[dict[str, Any]] = []
-    cols = ", ".join(WITNESS_COLUMNS)
-    for cls in ANOMALY_CLASSES:
-        if cls not in judged:
-            continue
-        rows = _dicts(
-            con,
-            f"SELECT op_id, {cols} FROM summary WHERE {sql.flag_column(cls)} = 1 "
-            f"ORDER BY op_id LIMIT {WITNESSES_PER_CLASS}",
-        )
-        picked += [r | {"anomaly": cls} for r in rows]
-    if not picked:
+    ids = sorted({i for _, chosen in picks for i in chosen})
+    if not ids:
         return ()
-    ids = sorted({int(r["op_id"]) for r in picked})
     # A join with a table of the ids, not an IN list: DuckDB pushes the join's filter into the
     # Parquet scan, and at 10M events the fetch took 0.30 s against 0.72 s for the IN list.
     con.execute(f"CREATE OR REPLACE TEMP TABLE wit AS SELECT unnest([{', '.join(map(str, ids))}])::BIGINT AS i")
-    events = _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM ev e JOIN wit ON e.op_id = wit.i")
+    con.execute("CREATE OR REPLACE TEMP TABLE wit_ev AS SELECT e.* FROM ev e JOIN wit ON e.op_id = wit.i")
+    cols = ", ".join(WITNESS_COLUMNS)
+    measured = sql.summary_query("wit_ev", contract, D, keys="op_id", judged={})
+    figures = {int(r.pop("op_id")): r for r in _dicts(con, f"SELECT op_id, {cols} FROM ({measured}) s")}
     names: dict[int, str] = {}
     chains: dict[str, list[dict[str, Any]]] = {}
-    for e in events:
+    for e in _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM wit_ev e"):
         op_id = int(e.pop("op_id"))
         names[op_id] = e["op"]
         chains.setdefault(e["op"], []).append(e)
-    flagged = [{k: v for k, v in r.items() if k != "op_id"} | {"op": names[int(r["op_id"])]} for r in picked]
+    flagged = [figures[i] | {"anomaly": cls, "op": names[i]} for cls, chosen in picks for i in chosen]
     return build_witnesses(flagged, chains, windows)
 
 
@@ -242,14 +295,10 @@ def check_events(
     if contract.per_key:
         con.execute(f"CREATE TEMP TABLE per_key AS {sql.per_key_query('ev', D)}")
         per_key = "per_key"
-    con.execute(
-        "CREATE TEMP TABLE summary AS "
-        + sql.summary_query("ev", contract, D, keys="op_id", judged=judged, per_key=per_key)
-    )
+    summary = sql.summary_query("ev", contract, D, keys="op_id", judged=judged, per_key=per_key)
+    agg, picks = _aggregates(con, summary, list(judged), windows, _writers(con) if writers is None else writers)
     lap("summary_s")
-    agg = _aggregates(con, list(judged), windows, _writers(con) if writers is None else writers)
-    lap("aggregates_s")
-    witnesses = _witnesses(con, list(judged), windows)
+    witnesses = _witnesses(con, contract, picks, windows)
     lap("chains_s")
     return agg, witnesses, windows, unmatched, fault_rows
 

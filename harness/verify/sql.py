@@ -102,6 +102,29 @@ def latency_bucket(lat: str) -> str:
     return f"({lat} - {lat} % (CASE {whens} ELSE {model.LATENCY_TOP_SCALE} END))"
 
 
+MASK_BITS = 63  # fault windows per mask word: the bits of a BIGINT short of its sign
+
+
+def window_masks(spans: list[tuple[int, int]]) -> list[str]:
+    """Return, per word of ``MASK_BITS`` fault windows (start_ns, end_ns inclusive), the BIGINT of
+    the bits of those an operation's span (``first_ns``..``last_ns``) overlaps; 0 for none, or for
+    an operation with no span. Both engines group operations by these words: few distinct sets of
+    windows for many operations, each set's figures added to each of its windows afterwards."""
+    words = []
+    for lo in range(0, len(spans), MASK_BITS):
+        bits = [
+            f"CASE WHEN first_ns <= {end} AND last_ns >= {start} THEN {1 << b} ELSE CAST(0 AS BIGINT) END"
+            for b, (start, end) in enumerate(spans[lo : lo + MASK_BITS])
+        ]
+        words.append("(" + " + ".join(bits) + ")")  # distinct bits: the sum is their union
+    return words
+
+
+def mask_bits(mask: int, word: int) -> list[int]:
+    """Return the indices of the windows set in ``mask``, word ``word`` of ``window_masks``."""
+    return [word * MASK_BITS + b for b in range(MASK_BITS) if mask >> b & 1]
+
+
 def flag_column(cls: str) -> str:
     """Return the summary's 0/1 column for an anomaly class."""
     return f"f{model.ANOMALY_CLASSES.index(cls)}"

@@ -110,7 +110,6 @@ def summarize(
 
 
 CASE_WINDOWS = 64  # up to this many windows, a test per window; beyond, the time-slot join
-MASK_BITS = 63  # windows per mask word: the bits of a long short of its sign
 MASK_W = -1000  # w of an operation's mask row for its first word of windows; the next word's is MASK_W - 1, ...
 SLOT_KEY = 1 << 40  # exploded values from here on are time slots (plus this), not window indices
 SLOT_MIN_S, SLOT_MAX_S = 1.0, 60.0  # bounds of a time slot's width (the windows' median length)
@@ -177,22 +176,6 @@ def _is_anomaly_row(w: Column) -> Column:
     return (w <= -2) & (w > MASK_W)
 
 
-def _window_masks(windows: list[assemble.FaultWindow]) -> list[Column]:
-    """Return, per word of ``MASK_BITS`` windows, the bits of the windows an operation's span overlaps.
-
-    As SQL text: a Connect client sends a Column built of nested calls as nested messages, and the
-    server refuses a plan nested deeper than its limit (60 windows' sum did); text is parsed there.
-    """
-    words: list[Column] = []
-    for lo in range(0, len(windows), MASK_BITS):
-        bits = [
-            f"CASE WHEN first_ns <= {w.end} AND last_ns >= {w.start_ns} THEN {1 << b}L ELSE 0L END"
-            for b, w in enumerate(windows[lo : lo + MASK_BITS])
-        ]
-        words.append(F.expr(" + ".join(bits)))  # distinct bits: the sum is their union
-    return words
-
-
 def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble.FaultWindow]) -> list[dict[str, Any]]:
     """Return the summary aggregated by latency bucket, by fault window, and the witnesses' bitmaps.
 
@@ -216,7 +199,7 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     none = -99
     shows = [F.when(F.col(c) == 1, -2 - model.ANOMALY_CLASSES.index(cls)).otherwise(none) for cls, c in flags.items()]
     few = len(windows) <= CASE_WINDOWS
-    words_of = _window_masks(windows) if few else []
+    words_of = [F.expr(m) for m in sql.window_masks([(w.start_ns, w.end) for w in windows])] if few else []
     masks = [f"_m{j}" for j in range(len(words_of))]
     if masks:
         summary = summary.select("*", *[m.alias(n) for m, n in zip(words_of, masks, strict=True)])
@@ -332,8 +315,7 @@ def _overlays(rows_all: list[dict[str, Any]], flags: dict[str, str]) -> dict[int
         if w >= 0:
             hit = [w]
         elif w <= MASK_W:
-            mask, base = int(r["k"]), (MASK_W - w) * MASK_BITS
-            hit = [base + b for b in range(MASK_BITS) if mask >> b & 1]
+            hit = sql.mask_bits(int(r["k"]), MASK_W - w)
         else:
             continue
         sums = {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
