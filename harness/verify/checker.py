@@ -1,9 +1,10 @@
 """The in-process engine: evaluates ``model.py`` on a ledger with DuckDB; the only duckdb importer.
 
 It runs the SQL that ``sql.py`` generates from the model (the text Spark runs too) straight over
-the compacted ledger's Parquet parts, streaming: the events are never loaded whole, only the
-operation summary is kept (in DuckDB's compressed temporary storage, spilled to disk past
-``MEMORY_LIMIT``), so a ledger larger than RAM verifies in bounded memory. A folder with only
+the compacted ledger's Parquet parts, streaming: the events are never loaded whole, and the
+operation summary is held only by the aggregate it feeds (``_one_pass``; stored once, in DuckDB's
+compressed temporary storage, when more fault windows than ``MASK_WINDOWS`` need a range join);
+both spill to disk past ``MEMORY_LIMIT``, so a ledger larger than RAM verifies in bounded memory. A folder with only
 live segments (or an older layout) is read through ``read_ledger`` into Arrow first when they
 are small; past ``COMPACT_ABOVE_BYTES`` they are compacted first (as the Spark engine does: the
 compaction streams), so a run whose closing compaction never happened still verifies in bounded

@@ -123,6 +123,21 @@ def test_the_benchmark_floor_counts_what_the_engine_finds(tmp_path: Path) -> Non
     assert {k: n for k, n in floor.items() if n} == truth == check_run(run, contract_of(run)).found()
 
 
+def test_the_window_masks_count_what_the_range_join_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # up to MASK_WINDOWS windows the in-process engine adds up sets of windows from one streaming
+    # pass; past it, a range join over the stored summary. The two must give the same verdict.
+    run = synth_run(tmp_path / "r", 50_000, seed=7, anomaly_rate=0.02, windows=60)
+    masked = check_run(run, contract_of(run))
+    monkeypatch.setattr(checker, "MASK_WINDOWS", 0)
+    joined = check_run(run, contract_of(run))
+    assert len(masked.stats["fault_windows"]) == 60
+    assert sum(w["ops"] for w in masked.stats["fault_windows"]) > 0
+    assert any(w["anomalies"] for w in masked.stats["fault_windows"])
+    assert compare_verdicts(masked, joined) == []
+    assert masked.stats["fault_windows"] == joined.stats["fault_windows"]
+    assert masked.witnesses == joined.witnesses
+
+
 def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None:
     # the buffer pool is bounded: a summary past it goes to the temporary folder, not to RSS
     with checker.connect() as con:

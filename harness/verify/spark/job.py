@@ -183,7 +183,7 @@ def _aggregate(summary: DataFrame, flags: dict[str, str], windows: list[assemble
     for the fault windows its span overlaps, and one row per anomaly it shows (w = -2 - class
     index, k = op_id div 64, ``bits`` its bit in that block of 64 operations). Up to
     ``CASE_WINDOWS`` windows, an operation tests each and gives one row per word of
-    ``MASK_BITS`` windows it overlaps any of (w = ``MASK_W`` - word, k = the bits of those it
+    ``sql.MASK_BITS`` windows it overlaps any of (w = ``MASK_W`` - word, k = the bits of those it
     overlaps): operations group by the set of windows they overlap, few sets for many operations,
     and the driver adds each set's sums to each of its windows (a row per window an operation
     overlapped, from an array of every window's test per operation, made the warm summary of 100M
