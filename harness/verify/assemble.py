@@ -24,6 +24,8 @@ MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for h
 # (one cap over all classes left the later ones none once the first ones had thousands).
 WITNESSES_PER_CLASS = 100
 FOREVER_NS = 2**63 - 1  # end of a fault window still open when the run ended
+# A witness's own summary figures, beside its chain: what ``build_witnesses`` reads of each flagged row.
+WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
 
 
 class Laps:
@@ -52,12 +54,21 @@ class FaultWindow:
     def end(self) -> int:
         return FOREVER_NS if self.end_ns is None else self.end_ns
 
-    def overlaps(self, first_ns: int | None, last_ns: int | None) -> bool:
-        return first_ns is not None and last_ns is not None and first_ns <= self.end and last_ns >= self.start_ns
-
     def to_dict(self) -> dict[str, Any]:
         dur = None if self.end_ns is None else round((self.end_ns - self.start_ns) / 1e6, 3)
         return {"fault": self.fault, "start_ns": self.start_ns, "end_ns": self.end_ns, "duration_ms": dur}
+
+
+def add_window_sets(sets: list[tuple[list[int], dict[str, int]]]) -> dict[int, dict[str, int]]:
+    """Return window index -> its figures, added up from (the windows a set of operations overlaps,
+    that set's figures): both engines count operations by the set of windows they overlap."""
+    out: dict[int, dict[str, int]] = {}
+    for hit, sums in sets:
+        for i in hit:
+            into = out.setdefault(i, dict.fromkeys(sums, 0))
+            for name, n in sums.items():
+                into[name] += n
+    return dict(sorted(out.items()))
 
 
 def pair_fault_windows(rows: list[dict[str, Any]]) -> tuple[list[FaultWindow], int]:
@@ -188,7 +199,8 @@ class _WindowIndex:
         self.ends = np.array([w.end for w in windows], dtype=np.int64)
 
     def overlapping(self, first_ns: int | None, last_ns: int | None) -> list[FaultWindow]:
-        """Return the windows that overlap ``first_ns``..``last_ns`` (``FaultWindow.overlaps``), in order."""
+        """Return the windows that overlap ``first_ns``..``last_ns`` (both ends inclusive), in order;
+        none for an operation with no span."""
         if first_ns is None or last_ns is None:
             return []
         hit = np.flatnonzero((self.starts <= last_ns) & (self.ends >= first_ns))

@@ -4,9 +4,9 @@ It runs the SQL that ``sql.py`` generates from the model (the text Spark runs to
 the compacted ledger's Parquet parts, streaming: the events are never loaded whole, and the
 operation summary is held only by the aggregate it feeds (``_one_pass``; stored once, in DuckDB's
 compressed temporary storage, when more fault windows than ``MASK_WINDOWS`` need a range join);
-both spill to disk past ``MEMORY_LIMIT``, so a ledger larger than RAM verifies in bounded memory. A folder with only
-live segments (or an older layout) is read through ``read_ledger`` into Arrow first when they
-are small; past ``COMPACT_ABOVE_BYTES`` they are compacted first (as the Spark engine does: the
+both spill to disk past ``MEMORY_LIMIT``, so a ledger larger than RAM verifies in bounded memory.
+A folder with only live segments (or an older layout) is read through ``read_ledger`` into Arrow
+first when they are small; past ``COMPACT_ABOVE_BYTES`` they are compacted first (as the Spark engine does: the
 compaction streams), so a run whose closing compaction never happened still verifies in bounded
 memory. Everything after the small aggregates is ``assemble.py``, shared with the Spark engine.
 """
@@ -31,16 +31,18 @@ from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
     MAX_WITNESS_EVENTS,
+    WITNESS_COLUMNS,
     WITNESSES_PER_CLASS,
     Aggregates,
     FaultWindow,
     Laps,
+    add_window_sets,
     build_witnesses,
     make_verdict,
     pair_fault_windows,
 )
 from harness.verify.evidence import gather
-from harness.verify.model import COUNTS, DELIVERY_HIST_CAP, SUMS, FlowContract, judged_rules
+from harness.verify.model import COUNTS, DELIVERY_HIST_CAP, FlowContract, judged_rules
 from harness.verify.verdict import Verdict
 
 __all__ = [
@@ -60,7 +62,6 @@ MEMORY_LIMIT = "384MB"
 # an event read into Arrow takes about 200 bytes, in JSON about 300.
 COMPACT_ABOVE_BYTES = 64 << 20
 D = sql.DUCKDB
-WITNESS_COLUMNS = (*COUNTS, *SUMS, "first_ns", "last_ns")
 CHAIN_COLUMNS = ", ".join(f'e."{c}"' for c in COLUMNS)  # "offset" is a keyword
 
 
@@ -173,17 +174,14 @@ def _one_pass(con: duckdb.DuckDBPyConnection, summary: str, flags: dict[str, str
 
 def _mask_overlays(top: dict[str, Any], flags: dict[str, str], words: int) -> dict[int, dict[str, int]]:
     """Return window index -> its figures, added up from ``_one_pass``'s sets of windows."""
-    out: dict[int, dict[str, int]] = {}
+    sets = []
     for j in range(words):
-        sets = top[f"o{j}"] or {"key": [], "value": []}  # a MAP of STRUCT keys comes as two lists
-        for key, n in zip(sets["key"], sets["value"], strict=True):
+        found = top[f"o{j}"] or {"key": [], "value": []}  # a MAP of STRUCT keys comes as two lists
+        for key, n in zip(found["key"], found["value"], strict=True):
             sums = {"ops": n, "redelivered_ops": n * key["r"]}
             sums |= {cls: n * (key["f"] >> i & 1) for i, cls in enumerate(flags)}
-            for w in sql.mask_bits(int(key["m"]), j):
-                into = out.setdefault(w, dict.fromkeys(sums, 0))
-                for name, v in sums.items():
-                    into[name] += v
-    return dict(sorted(out.items()))
+            sets.append((sql.mask_bits(int(key["m"]), j), sums))
+    return add_window_sets(sets)
 
 
 def _joined_overlays(

@@ -252,7 +252,7 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [pair for cls in sorted(out) for pair in out[cls][: assemble.WITNESSES_PER_CLASS]]
 
 
-WITNESS_COLUMNS = (*model.COUNTS, *model.SUMS, "first_ns", "last_ns")  # a witness's summary: counted in the chain query
+WITNESS_COLUMNS = assemble.WITNESS_COLUMNS  # a witness's summary: counted in the chain query
 
 
 def _witness_chains(events: DataFrame, ids: list[int], contract: model.FlowContract) -> dict[int, list[dict[str, Any]]]:
@@ -309,7 +309,7 @@ def _writers(events: DataFrame, srcs: list[str]) -> Writers:
 def _overlays(rows_all: list[dict[str, Any]], flags: dict[str, str]) -> dict[int, dict[str, int]]:
     """Return window index -> its operations, redelivered operations and anomalies: from a row per
     window (the time-slot join), or added up from the rows of each set of windows (the masks)."""
-    out: dict[int, dict[str, int]] = {}
+    sets = []
     for r in rows_all:
         w = int(r["w"])
         if w >= 0:
@@ -319,12 +319,8 @@ def _overlays(rows_all: list[dict[str, Any]], flags: dict[str, str]) -> dict[int
         else:
             continue
         sums = {"ops": int(r["ops"]), "redelivered_ops": int(r["redelivered_ops"])}
-        sums |= {cls: int(r[c]) for cls, c in flags.items()}
-        for i in hit:
-            into = out.setdefault(i, dict.fromkeys(sums, 0))
-            for name, n in sums.items():
-                into[name] += n
-    return dict(sorted(out.items()))
+        sets.append((hit, sums | {cls: int(r[c]) for cls, c in flags.items()}))
+    return assemble.add_window_sets(sets)
 
 
 def _combine(
