@@ -206,12 +206,22 @@ class _WindowIndex:
         hit = np.flatnonzero((self.starts <= last_ns) & (self.ends >= first_ns))
         return [self.windows[i] for i in hit.tolist()]
 
+    def active_at(self, times: list[int]) -> list[list[str]]:
+        """Return, per timestamp, the faults of the windows active then (in window order): one
+        test over every (time, window) pair of a chain, not one per event."""
+        if not self.windows:
+            return [[] for _ in times]
+        at = np.array(times, dtype=np.int64)[:, None]
+        active: list[list[str]] = [[] for _ in times]
+        for t, i in zip(*np.nonzero((self.starts <= at) & (self.ends >= at)), strict=True):
+            active[t].append(self.windows[i].fault)
+        return active
 
-def _chain_event(row: dict[str, Any], windows: _WindowIndex) -> dict[str, Any]:
+
+def _chain_event(row: dict[str, Any], active: list[str]) -> dict[str, Any]:
     row = dict(row)
     row["detail"] = json.loads(row.get("detail") or "{}")
     out = {k: v for k, v in row.items() if v not in (None, {})}
-    active = [w.fault for w in windows.overlapping(row["ts_ns"], row["ts_ns"])]
     if active:
         out["faults"] = active
     return out
@@ -224,8 +234,9 @@ def build_witnesses(
     index = _WindowIndex(windows)
     out = []
     for row in flagged:
-        raw = sorted(chains.get(row["op"], []), key=lambda r: (r["ts_ns"], r["src"], r["seq"]))
-        chain = tuple(_chain_event(r, index) for r in raw[:MAX_WITNESS_EVENTS])
+        raw = sorted(chains.get(row["op"], []), key=lambda r: (r["ts_ns"], r["src"], r["seq"]))[:MAX_WITNESS_EVENTS]
+        active = index.active_at([r["ts_ns"] for r in raw])
+        chain = tuple(_chain_event(r, a) for r, a in zip(raw, active, strict=True))
         msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))
         counts = {k: int(row[k]) for k in (*COUNTS, *SUMS)}
         faults = tuple(w.to_dict() for w in index.overlapping(row.get("first_ns"), row.get("last_ns")))
