@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from harness.errors import ConfigError
 from harness.interrupts import interruptible
 from harness.ledger.layout import LAYOUT_VERSION, kind_codes, read_layout, recorded_requests, writer_counts
 from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, segments_bytes, with_op_bucket
@@ -272,7 +273,10 @@ def witness_rows(
     DuckDB's 0.3 s, whose join filter skips the row groups and rows of no witness)."""
     layout = read_layout(ledger_dir / PARQUET_NAME)
     if layout is None or layout.get("layout", 1) < LAYOUT_VERSION:
-        raise ValueError(f"{ledger_dir} holds no compacted ledger of layout {LAYOUT_VERSION}")
+        raise ConfigError(
+            f"{ledger_dir} holds no compacted ledger of layout {LAYOUT_VERSION}",
+            hint="compact it first (`harness.ledger.reader.compact`; the Spark job's `load_events` does)",
+        )
     with connect() as con:
         _source(con, ledger_dir)
         return _witness_rows(con, contract, ids)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from harness.errors import ConfigError
 from harness.ledger.schema import Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
@@ -136,6 +139,28 @@ def test_the_window_masks_count_what_the_range_join_counts(tmp_path: Path, monke
     assert compare_verdicts(masked, joined) == []
     assert masked.stats["fault_windows"] == joined.stats["fault_windows"]
     assert masked.witnesses == joined.witnesses
+
+
+def test_the_witness_lookup_gives_each_witness_its_events_and_figures(tmp_path: Path) -> None:
+    # the Spark job looks its witnesses up with this query; a ledger not compacted is refused
+    run = synth_run(tmp_path / "r", 30_000, seed=5, anomaly_rate=0.02)
+    verdict = check_run(run, contract_of(run))
+    ops = pq.read_table(run / "ledger" / "events.parquet", columns=["op", "op_id"]).to_pylist()
+    op_ids = {r["op"]: r["op_id"] for r in ops}
+    events_of = Counter(r["op"] for r in ops)
+    chosen = verdict.witnesses[::7]
+    assert len(chosen) > 5
+    figures, chains = checker.witness_rows(run / "ledger", contract_of(run), sorted({op_ids[w.op] for w in chosen}))
+    for w in chosen:
+        i = op_ids[w.op]
+        assert {e["op"] for e in chains[i]} == {w.op}
+        assert len(chains[i]) == events_of[w.op] >= len(w.events)
+        assert {k: int(figures[i][k]) for k in w.summary} == w.summary
+    assert len(chains) == len({w.op for w in chosen})
+    raw = tmp_path / "raw" / "ledger"
+    LedgerWriter(raw, "driver").emit(Kind.SUBMIT, op="op-1", dest="q")
+    with pytest.raises(ConfigError, match="holds no compacted ledger"):
+        checker.witness_rows(raw, contract_of(run), [0])
 
 
 def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None:
