@@ -20,6 +20,7 @@ from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUM
 from harness.verify.verdict import Verdict, Witness
 
 MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for huge redelivery loops
+CHAIN_ORDER = ("ts_ns", "src", "seq", "pid")  # a chain's events in time, ties in a stable order
 # Counts stay exact; each class keeps its first examples in op order, so every class found has some
 # (one cap over all classes left the later ones none once the first ones had thousands).
 WITNESSES_PER_CLASS = 100
@@ -234,7 +235,7 @@ def build_witnesses(
     index = _WindowIndex(windows)
     out = []
     for row in flagged:
-        raw = sorted(chains.get(row["op"], []), key=lambda r: (r["ts_ns"], r["src"], r["seq"]))[:MAX_WITNESS_EVENTS]
+        raw = sorted(chains.get(row["op"], []), key=lambda r: tuple(r[c] for c in CHAIN_ORDER))[:MAX_WITNESS_EVENTS]
         active = index.active_at([r["ts_ns"] for r in raw])
         chain = tuple(_chain_event(r, a) for r, a in zip(raw, active, strict=True))
         msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))

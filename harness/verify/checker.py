@@ -31,6 +31,7 @@ from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, segments_b
 from harness.ledger.schema import COLUMNS
 from harness.verify import fired, sql
 from harness.verify.assemble import (
+    CHAIN_ORDER,
     MAX_WITNESS_EVENTS,
     WITNESS_COLUMNS,
     WITNESSES_PER_CLASS,
@@ -244,8 +245,9 @@ def _aggregates(
 def _witness_rows(
     con: duckdb.DuckDBPyConnection, contract: FlowContract, ids: list[int]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, list[dict[str, Any]]]]:
-    """Return op_id -> the operation's summary figures (``WITNESS_COLUMNS``) and op_id -> all its
-    events (``COLUMNS``, in no order), for the operations ``ids`` of the view ``ev``.
+    """Return op_id -> the operation's summary figures (``WITNESS_COLUMNS``) and op_id -> its first
+    ``MAX_WITNESS_EVENTS`` events in ``CHAIN_ORDER`` (``COLUMNS``, in no order), for the operations
+    ``ids`` of the view ``ev``.
 
     Their events are fetched once; the figures are the summary's own SQL run over them alone.
     """
@@ -258,8 +260,11 @@ def _witness_rows(
     cols = ", ".join(WITNESS_COLUMNS)
     measured = sql.summary_query("wit_ev", contract, D, keys="op_id", judged={})
     figures = {int(r.pop("op_id")): r for r in _dicts(con, f"SELECT op_id, {cols} FROM ({measured}) s")}
+    # only the events a chain shows: a poison message redelivered without end has millions
+    first = f"row_number() OVER (PARTITION BY op_id ORDER BY {', '.join(CHAIN_ORDER)}) AS _n"
+    chain = f"SELECT * FROM (SELECT *, {first} FROM wit_ev) e WHERE _n <= {MAX_WITNESS_EVENTS}"
     chains: dict[int, list[dict[str, Any]]] = {}
-    for e in _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM wit_ev e"):
+    for e in _dicts(con, f"SELECT e.op_id, {CHAIN_COLUMNS} FROM ({chain}) e"):
         chains.setdefault(int(e.pop("op_id")), []).append(e)
     return figures, chains
 

@@ -26,8 +26,8 @@ class Dialect:
     int_div: str  # format with (a, b): a / b rounded toward zero, as an integer
     # format with (condition,): how many of an operation's events meet it. DuckDB counts with a
     # FILTER clause (its 10M-event summary 1.0 -> 0.87 s) as an INT: a sum would be a 16-byte
-    # HUGEINT, and that summary took 353 MB of the 384 MB pool (as INT 182 MB). In Spark a measure
-    # must stay a bare aggregate that also runs as a window (no FILTER there); its sums are longs.
+    # HUGEINT, and that summary took 353 MB of the 384 MB pool (as INT 182 MB). Spark sums a CASE;
+    # its sums are longs.
     count_if: str = "sum(CASE WHEN {0} THEN 1 ELSE 0 END)"
     # format with (min or max, condition): the earliest or latest ts_ns of the events that meet it
     ts_if: str = "{0}(CASE WHEN {1} THEN ts_ns END)"
@@ -69,7 +69,7 @@ def json_int(d: Dialect, field: str, column: str = "detail") -> str:
 
 
 def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
-    """Return summary column -> its aggregate over one operation's events (also usable as a window).
+    """Return summary column -> its aggregate over one operation's events.
 
     The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0 in both engines.
     """

@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.errors import ConfigError
+from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
 from harness.verify import checker
-from harness.verify.assemble import compare_verdicts, pair_fault_windows, percentiles
+from harness.verify.assemble import MAX_WITNESS_EVENTS, compare_verdicts, pair_fault_windows, percentiles
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of, synth_main, verify_main
 from harness.verify.model import FlowContract, latency_bucket_us
@@ -154,13 +155,21 @@ def test_the_witness_lookup_gives_each_witness_its_events_and_figures(tmp_path: 
     for w in chosen:
         i = op_ids[w.op]
         assert {e["op"] for e in chains[i]} == {w.op}
-        assert len(chains[i]) == events_of[w.op] >= len(w.events)
+        assert len(chains[i]) == events_of[w.op] == len(w.events)
         assert {k: int(figures[i][k]) for k in w.summary} == w.summary
     assert len(chains) == len({w.op for w in chosen})
     raw = tmp_path / "raw" / "ledger"
-    LedgerWriter(raw, "driver").emit(Kind.SUBMIT, op="op-1", dest="q")
+    with LedgerWriter(raw, "driver") as w:
+        w.emit(Kind.SUBMIT, op="loop")
+        for attempt in range(1, MAX_WITNESS_EVENTS + 30):
+            w.emit(Kind.DELIVER, op="loop", attempt=attempt)
     with pytest.raises(ConfigError, match="holds no compacted ledger"):
-        checker.witness_rows(raw, contract_of(run), [0])
+        checker.witness_rows(raw, FlowContract(), [0])
+    compact(raw)
+    figures, chains = checker.witness_rows(raw, FlowContract(), [0])  # the run's only operation
+    assert len(chains[0]) == MAX_WITNESS_EVENTS  # a chain is cut in the lookup, its figures are not
+    assert {e["seq"] for e in chains[0]} == set(range(MAX_WITNESS_EVENTS))
+    assert figures[0]["deliveries"] == MAX_WITNESS_EVENTS + 29
 
 
 def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def per_key_counts(events: DataFrame) -> DataFrame:
 
 
 def op_measures(contract: model.FlowContract) -> dict[str, Column]:
-    """Return summary column -> its aggregate over one operation's events (unaliased, for windows too):
+    """Return summary column -> its aggregate over one operation's events (unaliased):
     ``sql.measures``, the text the in-process engine runs."""
     return {n: F.expr(m) for n, m in sql.measures(contract, sql.SPARK).items()}
 
