@@ -210,8 +210,6 @@ class _WindowIndex:
     def active_at(self, times: list[int]) -> list[list[str]]:
         """Return, per timestamp, the faults of the windows active then (in window order): one
         test over every (time, window) pair of a chain, not one per event."""
-        if not self.windows:
-            return [[] for _ in times]
         at = np.array(times, dtype=np.int64)[:, None]
         active: list[list[str]] = [[] for _ in times]
         for t, i in zip(*np.nonzero((self.starts <= at) & (self.ends >= at)), strict=True):

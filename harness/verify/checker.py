@@ -55,7 +55,7 @@ __all__ = [
     "check_table",
     "connect",
     "floor_counts",
-    "witness_rows",
+    "witnesses",
 ]
 
 # DuckDB's own buffer pool; past it the summary and the sorts spill to a temporary folder. The
@@ -207,8 +207,8 @@ def _joined_overlays(
 
 def _aggregates(
     con: duckdb.DuckDBPyConnection, summary_sql: str, judged: list[str], windows: list[FaultWindow], writers: Writers
-) -> tuple[Aggregates, list[tuple[str, list[int]]]]:
-    """Return the aggregates and each judged class's witness op ids (first in op_id order)."""
+) -> tuple[Aggregates, list[tuple[str, int]]]:
+    """Return the aggregates and each judged class's witnesses (class, op_id), first in op_id order."""
     flags = {cls: sql.flag_column(cls) for cls in judged}
     few = len(windows) <= MASK_WINDOWS
     if few:
@@ -238,7 +238,7 @@ def _aggregates(
         clock_skew_ops=num("skew"),
         overlays=overlays,
     )
-    picks = [(cls, sorted(int(i) for i in top[f"p_{f}"] or ())) for cls, f in flags.items()]
+    picks = [(cls, i) for cls, f in flags.items() for i in sorted(int(i) for i in top[f"p_{f}"] or ())]
     return agg, picks
 
 
@@ -269,13 +269,23 @@ def _witness_rows(
     return figures, chains
 
 
-def witness_rows(
-    ledger_dir: Path, contract: FlowContract, ids: list[int]
-) -> tuple[dict[int, dict[str, Any]], dict[int, list[dict[str, Any]]]]:
-    """Return ``_witness_rows`` for the operations ``ids`` of the compacted ledger in ``ledger_dir``:
-    for the Spark engine, whose witnesses are a point lookup in files its driver reads too (a
-    lookup Spark's scan cannot skip to: its filter runs on every row, 1.7 s at 10M events against
-    DuckDB's 0.3 s, whose join filter skips the row groups and rows of no witness)."""
+def _witnesses(
+    con: duckdb.DuckDBPyConnection, contract: FlowContract, picks: list[tuple[str, int]], windows: list[FaultWindow]
+) -> tuple[Any, ...]:
+    """Return the witnesses of ``picks`` (class, op_id) of the view ``ev``, in (class, op) order,
+    with their chains. ``op_id`` orders as the operation ids do, so both engines pick alike."""
+    figures, chains = _witness_rows(con, contract, sorted({i for _, i in picks}))
+    flagged = [figures[i] | {"anomaly": cls, "op": chains[i][0]["op"]} for cls, i in picks]
+    return build_witnesses(flagged, {events[0]["op"]: events for events in chains.values()}, windows)
+
+
+def witnesses(
+    ledger_dir: Path, contract: FlowContract, picks: list[tuple[str, int]], windows: list[FaultWindow]
+) -> tuple[Any, ...]:
+    """Return ``_witnesses`` of ``picks`` from the compacted ledger in ``ledger_dir``: for the Spark
+    engine, whose witnesses are a point lookup in files its driver reads too (a lookup Spark's scan
+    cannot skip to: its filter runs on every row, 1.7 s at 10M events against DuckDB's 0.3 s, whose
+    join filter skips the row groups and rows of no witness)."""
     layout = read_layout(ledger_dir / PARQUET_NAME)
     if layout is None or layout.get("layout", 1) < LAYOUT_VERSION:
         raise ConfigError(
@@ -284,22 +294,7 @@ def witness_rows(
         )
     with connect() as con:
         _source(con, ledger_dir)
-        return _witness_rows(con, contract, ids)
-
-
-def _witnesses(
-    con: duckdb.DuckDBPyConnection,
-    contract: FlowContract,
-    picks: list[tuple[str, list[int]]],
-    windows: list[FaultWindow],
-) -> tuple[Any, ...]:
-    """Return the witnesses of ``picks`` (class, op ids), in (class, op) order, with their chains.
-
-    ``op_id`` orders as the operation ids do, so this is the Spark engine's choice too.
-    """
-    figures, chains = _witness_rows(con, contract, sorted({i for _, chosen in picks for i in chosen}))
-    flagged = [figures[i] | {"anomaly": cls, "op": chains[i][0]["op"]} for cls, chosen in picks for i in chosen]
-    return build_witnesses(flagged, {events[0]["op"]: events for events in chains.values()}, windows)
+        return _witnesses(con, contract, picks, windows)
 
 
 def check_events(

@@ -151,25 +151,31 @@ def test_the_witness_lookup_gives_each_witness_its_events_and_figures(tmp_path: 
     events_of = Counter(r["op"] for r in ops)
     chosen = verdict.witnesses[::7]
     assert len(chosen) > 5
-    figures, chains = checker.witness_rows(run / "ledger", contract_of(run), sorted({op_ids[w.op] for w in chosen}))
-    for w in chosen:
-        i = op_ids[w.op]
-        assert {e["op"] for e in chains[i]} == {w.op}
-        assert len(chains[i]) == events_of[w.op] == len(w.events)
-        assert {k: int(figures[i][k]) for k in w.summary} == w.summary
-    assert len(chains) == len({w.op for w in chosen})
+    windows, _ = pair_fault_windows([])
+    picks = [(w.anomaly, op_ids[w.op]) for w in chosen]
+    found = checker.witnesses(run / "ledger", contract_of(run), picks, windows)
+    assert [(w.anomaly, w.op) for w in found] == [(w.anomaly, w.op) for w in chosen]
+    for got, w in zip(found, chosen, strict=True):
+        assert {e["op"] for e in got.events} == {w.op}
+        assert len(got.events) == events_of[w.op] == len(w.events)
+        assert got.summary == w.summary
+        assert [e["seq"] for e in got.events] == [e["seq"] for e in w.events]
     raw = tmp_path / "raw" / "ledger"
-    with LedgerWriter(raw, "driver") as w:
-        w.emit(Kind.SUBMIT, op="loop")
+    with LedgerWriter(raw, "driver") as lw:
+        lw.emit(Kind.SUBMIT, op="loop")
         for attempt in range(1, MAX_WITNESS_EVENTS + 30):
-            w.emit(Kind.DELIVER, op="loop", attempt=attempt)
+            lw.emit(Kind.DELIVER, op="loop", attempt=attempt)
     with pytest.raises(ConfigError, match="holds no compacted ledger"):
-        checker.witness_rows(raw, FlowContract(), [0])
+        checker.witnesses(raw, FlowContract(), [("lost", 0)], windows)
     compact(raw)
-    figures, chains = checker.witness_rows(raw, FlowContract(), [0])  # the run's only operation
-    assert len(chains[0]) == MAX_WITNESS_EVENTS  # a chain is cut in the lookup, its figures are not
-    assert {e["seq"] for e in chains[0]} == set(range(MAX_WITNESS_EVENTS))
-    assert figures[0]["deliveries"] == MAX_WITNESS_EVENTS + 29
+    (loop,) = checker.witnesses(raw, FlowContract(), [("lost", 0)], windows)  # the run's only operation
+    assert len(loop.events) == MAX_WITNESS_EVENTS  # a chain is cut, its figures are not
+    assert [e["seq"] for e in loop.events] == list(range(MAX_WITNESS_EVENTS))
+    assert loop.summary["deliveries"] == MAX_WITNESS_EVENTS + 29
+    with checker.connect() as con:  # cut in the query already, not after all of them reached Python
+        checker._source(con, raw)
+        _, chains = checker._witness_rows(con, FlowContract(), [0])
+    assert sorted(e["seq"] for e in chains[0]) == list(range(MAX_WITNESS_EVENTS))
 
 
 def test_the_in_process_engine_spills_instead_of_growing(tmp_path: Path) -> None:

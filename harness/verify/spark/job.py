@@ -4,7 +4,8 @@ The job reads ``events.parquet/`` as a table bucketed by ``op_bucket`` (see ``le
 so the per-operation summary is computed bucket by bucket with no shuffle, grouping by the integer
 ``op_id`` and testing the integer ``kind_code``. Only small results reach the driver: per-writer and
 per-latency-bucket aggregates, fault events, and the bounded witnesses' op ids, whose events the
-driver then looks up in the same files (``checker.witness_rows``). It uses the DataFrame and SQL
+driver then looks up in the same files (``checker.witnesses``: Spark's filter runs on every row
+it scans, DuckDB's join skips what holds no witness). It uses the DataFrame and SQL
 API only, so a local driver and a Spark Connect client run it alike.
 """
 
@@ -253,19 +254,6 @@ def _witness_ids(rows_all: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [pair for cls in sorted(out) for pair in out[cls][: assemble.WITNESSES_PER_CLASS]]
 
 
-def _witnesses(
-    ledger_dir: Path, rows_all: list[dict[str, Any]], windows: list[assemble.FaultWindow], contract: model.FlowContract
-) -> tuple[Witness, ...]:
-    """Return the witnesses the anomaly rows' bitmaps pick, their events and figures looked up in
-    the compacted parts by the in-process engine's query (``checker.witness_rows``): the job's
-    table is those files, on a path this driver reads, and Spark's own lookup scans every row of
-    them (its filter runs after the scan; at 10M events 1.7-3.0 s of a 3.5-6.6 s warm job)."""
-    pairs = _witness_ids(rows_all)
-    figures, chains = checker.witness_rows(ledger_dir, contract, sorted({op_id for _, op_id in pairs}))
-    flagged = [figures[i] | {"anomaly": model.ANOMALY_CLASSES[cls], "op": chains[i][0]["op"]} for cls, i in pairs]
-    return assemble.build_witnesses(flagged, {events[0]["op"]: events for events in chains.values()}, windows)
-
-
 Writers = dict[tuple[str, int, str, bool], tuple[int, int, int]]  # assemble.Aggregates.writers
 
 
@@ -368,7 +356,8 @@ def check_events(
         rows = _aggregate(summary, flags, windows)
         agg = _combine(rows, flags, writers, scanned=recorded is None)
         lap("summary_s")
-        witnesses = _witnesses(ledger_dir, rows, windows, contract)
+        picks = [(model.ANOMALY_CLASSES[cls], op_id) for cls, op_id in _witness_ids(rows)]
+        witnesses = checker.witnesses(ledger_dir, contract, picks, windows)
         lap("chains_s")
         return agg, witnesses, windows, unmatched, fault_rows
     finally:
