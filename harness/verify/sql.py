@@ -31,6 +31,10 @@ class Dialect:
     count_if: str = "sum(CASE WHEN {0} THEN 1 ELSE 0 END)"
     # format with (min or max, condition): the earliest or latest ts_ns of the events that meet it
     ts_if: str = "{0}(CASE WHEN {1} THEN ts_ns END)"
+    # The per-operation counts (``model.COUNTS``, ``model.ATTEMPT_COUNTS``) added up PACK_SLOTS to
+    # a sum of this integer type, PACK_BITS bits a count (``packed_counts``), not one aggregate
+    # each; "" for one aggregate a count.
+    packed: str = ""
 
 
 DUCKDB = Dialect(
@@ -40,7 +44,24 @@ DUCKDB = Dialect(
     "CAST(count(*) FILTER (WHERE {0}) AS INT)",
     "{0}(ts_ns) FILTER (WHERE {1})",
 )
+# The in-process engine's: every aggregate of the group-by updates the operation's state once an
+# event, whatever the event's kind, so its 16 counts go in four 128-bit sums (each event adds its
+# kind's bits): the 10M-event summary 0.80-0.85 -> 0.70-0.74 s, the timestamps as a CASE a little
+# faster than a FILTER. ``DUCKDB`` is the query written plainly, the benchmark's floor (which reads
+# only the counts its rules do, and is faster plain). A count is exact below ``PACKED_MAX_ROWS``,
+# which no operation of a ledger of fewer rows can reach (``checker`` judges a larger with ``DUCKDB``).
+DUCKDB_PACKED = Dialect(
+    "duckdb-packed",
+    DUCKDB.json_text,
+    DUCKDB.int_div,
+    DUCKDB.count_if,
+    "{0}(CASE WHEN {1} THEN ts_ns END)",
+    packed="HUGEINT",
+)
 SPARK = Dialect("spark", "get_json_object({0}, '$.{1}')", "(({0}) div {1})")
+PACK_BITS = 32  # a count's bits in a packed sum
+PACK_SLOTS = 4  # counts a 128-bit sum holds
+PACKED_MAX_ROWS = 1 << (PACK_BITS - 1)  # below it a count fits its slot, the sign clear, and the INT it is read as
 
 _SQL_OPS = {"==": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
 
@@ -68,17 +89,47 @@ def json_int(d: Dialect, field: str, column: str = "detail") -> str:
     return f"CAST({d.json_text.format(column, field)} AS BIGINT)"
 
 
+def _counted() -> dict[str, tuple[Kind, str]]:
+    """Return count column -> (the kind it counts, a further condition on the event or "")."""
+    out = {n: (k, "") for n, k in model.COUNTS.items()}
+    return out | {n: (k, f"attempt > {above}") for n, (k, above) in model.ATTEMPT_COUNTS.items()}
+
+
+def packed_counts(d: Dialect) -> tuple[dict[str, str], dict[str, str]]:
+    """Return the packed sums (``_pN`` -> aggregate) and count column -> its expression over them.
+
+    Each event adds, to the sum of each word, 2**(PACK_BITS * slot) for every count of that word it
+    meets: one CASE on ``kind_code`` a word, the events of no counted kind adding nothing.
+    """
+    counted = list(_counted().items())
+    sums, columns = {}, {}
+    mask = (1 << PACK_BITS) - 1
+    for w in range(0, len(counted), PACK_SLOTS):
+        name = f"_p{w // PACK_SLOTS}"
+        by_code: dict[int, list[str]] = {}
+        for slot, (column, (kind, cond)) in enumerate(counted[w : w + PACK_SLOTS]):
+            bit = f"CAST({1 << PACK_BITS * slot} AS {d.packed})"
+            add = f"CASE WHEN {cond} THEN {bit} ELSE 0 END" if cond else bit
+            by_code.setdefault(KIND_CODES[str(kind)], []).append(add)
+            # null when the operation has no event of the word's kinds
+            columns[column] = f"CAST((coalesce({name}, 0) >> {PACK_BITS * slot}) & {mask} AS INT)"
+        whens = " ".join(f"WHEN {code} THEN {' + '.join(adds)}" for code, adds in sorted(by_code.items()))
+        sums[name] = f"sum(CASE kind_code {whens} END)"
+    return sums, columns
+
+
 def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
     """Return summary column -> its aggregate over one operation's events.
 
     The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0 in both engines.
+    With a packed dialect the counts are its packed sums (``packed_counts``), not the columns.
     """
     computed = model.summed(contract)
     out = {"events": "count(1)"}
-    out |= {n: d.count_if.format(is_kind(k)) for n, k in model.COUNTS.items()}
-    out |= {
-        n: d.count_if.format(f"{is_kind(k)} AND attempt > {above}") for n, (k, above) in model.ATTEMPT_COUNTS.items()
-    }
+    if d.packed:
+        out |= packed_counts(d)[0]
+    else:
+        out |= {n: d.count_if.format(f"{is_kind(k)} AND {c}" if c else is_kind(k)) for n, (k, c) in _counted().items()}
     for n, (k, key) in model.SUMS.items():
         # a missing field is 0; only that kind's rows parse their detail
         value = f"coalesce({json_int(d, key)}, 0)"
@@ -146,6 +197,9 @@ def summary_query(
     """
     aggs = ", ".join(f"{m} AS {n}" for n, m in measures(contract, d).items())
     base = f"SELECT {keys}, {aggs} FROM {events} WHERE op_id IS NOT NULL GROUP BY {keys}"
+    if d.packed:
+        counts = ", ".join(f"{e} AS {n}" for n, e in packed_counts(d)[1].items())
+        base = f"SELECT * EXCLUDE ({', '.join(packed_counts(d)[0])}), {counts} FROM ({base}) p"
     if per_key:
         cols = ", ".join(f"coalesce(k.{c}, 0) AS {c}" for c in model.PER_KEY_COLUMNS)
         base = f"SELECT s.*, {cols} FROM ({base}) s LEFT JOIN {per_key} k ON s.op_id = k.op_id"

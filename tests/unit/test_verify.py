@@ -16,7 +16,7 @@ from harness.ledger.reader import compact
 from harness.ledger.schema import Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
-from harness.verify import checker
+from harness.verify import checker, model, sql
 from harness.verify.assemble import MAX_WITNESS_EVENTS, compare_verdicts, pair_fault_windows, percentiles
 from harness.verify.checker import check_run
 from harness.verify.cli import contract_of, synth_main, verify_main
@@ -125,6 +125,52 @@ def test_the_benchmark_floor_counts_what_the_engine_finds(tmp_path: Path) -> Non
     truth = {k: n for k, n in json.loads((run / "manifest.json").read_text())["ground_truth"].items() if n}
     floor = checker.floor_counts(run, contract_of(run))
     assert {k: n for k, n in floor.items() if n} == truth == check_run(run, contract_of(run)).found()
+
+
+def _summaries_differ(run: Path, contract: FlowContract) -> tuple[int, dict[str, int]]:
+    """Return how many summary rows the packed and the plain DuckDB queries disagree on, and the packed sums."""
+    counts = list(sql.packed_counts(sql.DUCKDB_PACKED)[1])
+    with checker.connect() as con:
+        checker._source(con, run / "ledger")
+        plain, packed = (
+            sql.summary_query("ev", contract, d, keys="op_id", judged={}) for d in (sql.DUCKDB, sql.DUCKDB_PACKED)
+        )
+        cols = ", ".join(c[0] for c in con.execute(f"SELECT * FROM ({plain}) LIMIT 0").description or ())
+        (differ,) = con.execute(
+            f"SELECT count(*) FROM ((SELECT {cols} FROM ({plain}) EXCEPT ALL SELECT {cols} FROM ({packed})) "
+            f"UNION ALL (SELECT {cols} FROM ({packed}) EXCEPT ALL SELECT {cols} FROM ({plain})))"
+        ).fetchone() or (None,)
+        sums = con.execute(f"SELECT {', '.join(f'sum({c})' for c in counts)} FROM ({packed})").fetchone() or ()
+    return int(differ or 0), dict(zip(counts, map(int, sums), strict=True))
+
+
+def test_the_packed_counts_are_the_plain_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the engine adds its counts up four to a 128-bit sum; every row of its summary must be the
+    # plain query's, a count past 16 bits (one operation's 70,000 redeliveries) included
+    run = synth_run(tmp_path / "synth", 100_000, seed=5, anomaly_rate=0.02)
+    differ, sums = _summaries_differ(run, contract_of(run))
+    assert differ == 0
+    assert min(sums["redeliveries"], sums["crashes"], sums["dead_letters"]) > 0
+    hand = tmp_path / "hand"
+    with LedgerWriter(hand / "ledger", "driver") as w:
+        for counted in (*model.COUNTS.values(), Kind.ALERT, Kind.RESIDUE_OUTBOX):
+            w.emit(counted, op="every-kind", attempt=1)
+        with w.batch():
+            for _ in range(70_000):
+                w.emit(Kind.DELIVER, op="redelivered", attempt=2)
+    contract = FlowContract()
+    differ, sums = _summaries_differ(hand, contract)
+    assert differ == 0
+    picked = ("redeliveries", "deliveries", "alerts", "outbox_pending", "invariant_breaks")
+    assert {n: sums[n] for n in picked} == dict(zip(picked, (70_000, 70_001, 2, 2, 1), strict=True))
+    # a ledger whose counts might not fit a slot is judged with the plain query
+    used: list[str] = []
+    real = sql.summary_query
+    monkeypatch.setattr(sql, "summary_query", lambda *a, **k: used.append(a[2].name) or real(*a, **k))
+    packed = check_run(run, contract_of(run))
+    monkeypatch.setattr(sql, "PACKED_MAX_ROWS", 1_000)
+    assert compare_verdicts(check_run(run, contract_of(run)), packed) == []
+    assert used == ["duckdb-packed", "duckdb-packed", "duckdb", "duckdb-packed"]
 
 
 def test_the_window_masks_count_what_the_range_join_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
