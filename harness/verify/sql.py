@@ -122,7 +122,8 @@ def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
     """Return summary column -> its aggregate over one operation's events.
 
     The ``model.SUMS`` columns ``model.summed`` leaves out for ``contract`` are 0 in both engines.
-    With a packed dialect the counts are its packed sums (``packed_counts``), not the columns.
+    With a packed dialect the counts are its packed sums (``packed_counts``), not the columns, and
+    the sums left out are not here (``summary_query`` sets them).
     """
     computed = model.summed(contract)
     out = {"events": "count(1)"}
@@ -133,7 +134,10 @@ def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
     for n, (k, key) in model.SUMS.items():
         # a missing field is 0; only that kind's rows parse their detail
         value = f"coalesce({json_int(d, key)}, 0)"
-        out[n] = f"sum(CASE WHEN {is_kind(k)} THEN {value} ELSE 0 END)" if n in computed else "max(CAST(0 AS BIGINT))"
+        if n in computed:
+            out[n] = f"sum(CASE WHEN {is_kind(k)} THEN {value} ELSE 0 END)"
+        elif not d.packed:  # a packed summary sets it after the group-by: an aggregate costs an update an event
+            out[n] = "max(CAST(0 AS BIGINT))"
     out |= {n: d.ts_if.format("min", is_kind(k)) for n, k in model.FIRST_TS.items()}
     in_span = f"NOT ({is_kind(*sorted(model.SPAN_EXCLUDED))})"
     return out | {
@@ -198,7 +202,8 @@ def summary_query(
     aggs = ", ".join(f"{m} AS {n}" for n, m in measures(contract, d).items())
     base = f"SELECT {keys}, {aggs} FROM {events} WHERE op_id IS NOT NULL GROUP BY {keys}"
     if d.packed:
-        counts = ", ".join(f"{e} AS {n}" for n, e in packed_counts(d)[1].items())
+        zeros = "".join(f", CAST(0 AS BIGINT) AS {n}" for n in model.SUMS if n not in model.summed(contract))
+        counts = ", ".join(f"{e} AS {n}" for n, e in packed_counts(d)[1].items()) + zeros
         base = f"SELECT * EXCLUDE ({', '.join(packed_counts(d)[0])}), {counts} FROM ({base}) p"
     if per_key:
         cols = ", ".join(f"coalesce(k.{c}, 0) AS {c}" for c in model.PER_KEY_COLUMNS)
