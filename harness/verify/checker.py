@@ -321,7 +321,7 @@ def check_events(
         con.execute(f"CREATE TEMP TABLE per_key AS {sql.per_key_query('ev', D)}")
         per_key = "per_key"
     (rows,) = con.execute("SELECT count(*) FROM ev").fetchone() or (0,)  # Parquet: from the footers
-    d = D if rows < sql.PACKED_MAX_ROWS else sql.DUCKDB  # no operation has more events than the ledger
+    d = sql.packing(D, sql.DUCKDB, rows)
     summary = sql.summary_query("ev", contract, d, keys="op_id", judged=judged, per_key=per_key)
     agg, picks = _aggregates(con, summary, list(judged), windows, _writers(con) if writers is None else writers)
     lap("summary_s")

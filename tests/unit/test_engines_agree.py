@@ -21,7 +21,7 @@ from harness.ledger.reader import compact
 from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
 from harness.ledger.synth import synth_run
 from harness.ledger.writer import LedgerWriter
-from harness.verify import checker
+from harness.verify import checker, sql
 from harness.verify.assemble import MAX_WITNESS_EVENTS, WITNESSES_PER_CLASS, compare_verdicts
 from harness.verify.cli import contract_of
 from harness.verify.model import INVARIANT_OP_PREFIX, FlowContract, Invariant, rules
@@ -390,3 +390,40 @@ def test_engines_agree_on_a_synthetic_ledger_with_injected_invariant_breaks(spar
     assert remote.found() == {k: n for k, n in truth.items() if n}
     (w,) = [w for w in remote.witnesses if w.anomaly == "invariant-broken"][:1]
     assert explain(w) == f"net of the op's moves = 1, expected 0 for op {w.op}"
+
+
+def test_the_spark_summary_packed_is_the_plain_one(spark_engine: Any, tmp_path: Path) -> None:
+    """Spark adds its counts up two to a 64-bit sum: every row must be the plain summary's, a count
+    past 16 bits included (one operation's 70,000 redeliveries)."""
+    from pyspark.sql import functions as F
+
+    from harness.verify import model
+    from harness.verify.spark import job
+
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "driver") as d, LedgerWriter(ledger, "worker-1") as w, w.batch():
+        for counted in (*model.COUNTS.values(), Kind.ALERT, Kind.RESIDUE_OUTBOX):
+            w.emit(counted, op="every-kind", attempt=1)
+        for _ in range(70_000):
+            w.emit(Kind.DELIVER, op="redelivered", attempt=2)
+        for i in range(100):
+            d.emit(Kind.SUBMIT, op=f"op-{i}")
+            w.emit(Kind.DELIVER, op=f"op-{i}", attempt=1 + i % 3)
+            w.emit(Kind.RESIDUE_EFFECT, op=f"op-{i}")
+            d.emit(Kind.DOWNSTREAM, op=f"op-{i}")
+    compact(ledger)
+    _, session = spark_engine
+    events, table, layout = job.load_events(session, ledger)
+    try:
+        plain, _ = job.summarize(events, FlowContract())
+        packed, _ = job.summarize(events, FlowContract(), rows=int(layout["events"]))
+        assert sorted(packed.columns) == sorted(plain.columns)
+        packed = packed.select(*plain.columns)
+        assert packed.exceptAll(plain).count() == 0
+        assert plain.exceptAll(packed).count() == 0
+        counts = list(sql.packed_counts(sql.SPARK_PACKED)[1])
+        sums = packed.agg(*(F.sum(c).alias(c) for c in counts)).collect()[0].asDict()
+        assert sums["redeliveries"] == 70_000 + 66  # i % 3 > 0 for 66 of the 100
+        assert {c for c, n in sums.items() if not n} == set()  # every count has events to count
+    finally:
+        session.sql(f"DROP TABLE IF EXISTS {table}")

@@ -87,18 +87,31 @@ def per_key_counts(events: DataFrame) -> DataFrame:
     return events.sparkSession.sql(sql.per_key_query(view, sql.SPARK))
 
 
-def op_measures(contract: model.FlowContract) -> dict[str, Column]:
+def op_measures(contract: model.FlowContract, d: sql.Dialect = sql.SPARK) -> dict[str, Column]:
     """Return summary column -> its aggregate over one operation's events (unaliased):
-    ``sql.measures``, the text the in-process engine runs."""
-    return {n: F.expr(m) for n, m in sql.measures(contract, sql.SPARK).items()}
+    ``sql.measures``, the text the in-process engine runs (a packed dialect's sums for its counts)."""
+    return {n: F.expr(m) for n, m in sql.measures(contract, d).items()}
 
 
 def summarize(
-    events: DataFrame, contract: model.FlowContract, *, snapshot: bool = True, intact: bool = True
+    events: DataFrame,
+    contract: model.FlowContract,
+    *,
+    snapshot: bool = True,
+    intact: bool = True,
+    rows: int | None = None,
 ) -> tuple[DataFrame, dict[str, str]]:
-    """Return the operation summary with one 0/1 flag column per judged class, and class -> flag column."""
-    aggs = [m.alias(n) for n, m in op_measures(contract).items()]
+    """Return the operation summary with one 0/1 flag column per judged class, and class -> flag column.
+
+    ``rows``: the ledger's event count; when known and small enough, the counts are packed (``sql.SPARK_PACKED``).
+    """
+    d = sql.SPARK if rows is None else sql.packing(sql.SPARK_PACKED, sql.SPARK, rows)
+    aggs = [m.alias(n) for n, m in op_measures(contract, d).items()]
     summary = events.where(F.col("op_id").isNotNull()).groupBy(*KEYS).agg(*aggs)
+    if d.packed:  # the counts out of their sums, and the sums the contract leaves out (0)
+        words, counts = sql.packed_counts(d)
+        zeros = [F.lit(0).cast("bigint").alias(n) for n in model.SUMS if n not in model.summed(contract)]
+        summary = summary.select("*", *(F.expr(e).alias(n) for n, e in counts.items()), *zeros).drop(*words)
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(model.PER_KEY_COLUMNS))
     judged = model.judged_rules(contract, snapshot=snapshot, intact=intact)
@@ -352,7 +365,10 @@ def check_events(
         recorded = writer_counts(layout)
         writers = _writers(events, list(layout["srcs"])) if recorded is None else recorded
         lap("writers_s")
-        summary, flags = summarize(events, contract, snapshot=snapshot, intact=intact)
+        rows = layout.get("events")
+        summary, flags = summarize(
+            events, contract, snapshot=snapshot, intact=intact, rows=rows if isinstance(rows, int) else None
+        )
         rows = _aggregate(summary, flags, windows)
         agg = _combine(rows, flags, writers, scanned=recorded is None)
         lap("summary_s")
