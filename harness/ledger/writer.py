@@ -49,6 +49,22 @@ def _kind(kind: Kind) -> str:
 
 
 _SUBJECT_COLUMNS = frozenset({"op", "msg", "stage", "dest", "partition", "offset"})
+_SHARED_MAX = 256  # details ``LedgerWriter.shared`` remembers
+_PLAIN = (str, int, bool)  # value types whose equal values are always written alike (not 0.0 and -0.0)
+
+
+def _detail_text(detail: dict[str, Any]) -> str:
+    """Return the ``detail`` column's JSON text: the detail as sorted JSON, quoted as a string."""
+    return _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
+
+
+class Detail:
+    """An event's detail as ``LedgerWriter`` writes it, formatted once for the events that share it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, /, **detail: Any) -> None:
+        self.text = _detail_text(detail)
 
 
 class Subject:
@@ -88,6 +104,7 @@ class LedgerWriter:
         self._seq = 0
         self._lock = threading.Lock()
         self._local = threading.local()  # .held: the rows of this thread's open ``batch``
+        self._shared: dict[tuple[object, ...], Detail] = {}
 
     def subject(
         self,
@@ -105,6 +122,25 @@ class LedgerWriter:
             f',"partition":{_field(partition)},"offset":{_field(offset)},"detail":',
         )
 
+    def shared(self, **detail: Any) -> Detail:
+        """Return ``Detail(**detail)``, remembered: the same detail again is not formatted again.
+
+        For the events a worker writes about every message with one detail (an effect's table,
+        an output's topic); details of other values than text, whole numbers, booleans and None
+        are formatted each time, and once ``_SHARED_MAX`` are remembered new ones are not kept.
+        """
+        key: list[object] = []
+        for name, value in detail.items():
+            if value is not None and type(value) not in _PLAIN:
+                return Detail(**detail)
+            key += (name, type(value), value)  # the type: True and 1 are equal keys, not equal text
+        found = self._shared.get(k := tuple(key))
+        if found is None:
+            found = Detail(**detail)
+            if len(self._shared) < _SHARED_MAX:
+                self._shared[k] = found
+        return found
+
     def emit(
         self,
         kind: Kind,
@@ -121,29 +157,37 @@ class LedgerWriter:
     ) -> None:
         """Append one event; returns once the kernel holds it."""
         about = self.subject(op=op, msg=msg, stage=stage, dest=dest, partition=partition, offset=offset)
-        self._append(kind, about.head, attempt, point, about.tail, detail)
+        self._append(kind, about.head, attempt, point, about.tail, _detail_text(detail))
 
     def emit_about(
-        self, kind: Kind, subject: Subject, *, attempt: int | None = None, point: str | None = None, **detail: Any
+        self,
+        kind: Kind,
+        subject: Subject,
+        *,
+        attempt: int | None = None,
+        point: str | None = None,
+        shared: Detail | None = None,
+        **detail: Any,
     ) -> None:
         """Append one event about ``subject`` (``subject(...)``), exactly as ``emit`` with its columns
         writes it; returns once the kernel holds it.
 
         For a worker's events about one message (delivered, applied, committed, sent, its offset
-        committed): their shared columns are formatted once, not once an event.
+        committed): their shared columns are formatted once, not once an event; so is ``shared``,
+        a detail many events carry (``Detail``, ``shared``), given instead of ``detail``.
         """
         if detail and not _SUBJECT_COLUMNS.isdisjoint(detail):
             named = sorted(_SUBJECT_COLUMNS.intersection(detail))
             raise TypeError(f"{', '.join(named)}: a column of the event's subject, not a detail")
-        self._append(kind, subject.head, attempt, point, subject.tail, detail)
+        if shared is not None and detail:
+            raise TypeError(f"{', '.join(sorted(detail))}: give the detail as shared= or as keywords, not both")
+        info = shared.text if shared is not None else _detail_text(detail)
+        self._append(kind, subject.head, attempt, point, subject.tail, info)
 
-    def _append(
-        self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, detail: dict[str, Any]
-    ) -> None:
+    def _append(self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, info: str) -> None:
         # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
         # the row dict would write it (a test holds the two equal): a worker writes four or five
         # events a message, and the generic encoder of a dict was most of an event's cost.
-        info = _quote(dumps_sorted(detail)) if detail else _EMPTY_DETAIL
         with self._lock:
             line = (
                 f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'

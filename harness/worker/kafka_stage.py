@@ -28,7 +28,7 @@ from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
 from harness.jsontext import dumps
 from harness.ledger.schema import Kind
-from harness.ledger.writer import Subject
+from harness.ledger.writer import Detail, Subject
 from harness.worker.base import WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
 from harness.worker.high_water import HighWater
@@ -89,9 +89,10 @@ class KafkaStageWorker(WorkerRuntime):
         )
 
     def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
-        # Five or so events a record share their columns: formatted once, when it is delivered.
+        # Five or so events a record share their columns: formatted once, when it is delivered; and
+        # most of them a detail with every other record (its effect's table, its output's topic).
         subject = self._subjects.get(record.coord)
-        self.ledger.emit_about(kind, subject or self._subject(record, op), **detail)
+        self.ledger.emit_about(kind, subject or self._subject(record, op), shared=self.ledger.shared(**detail))
 
     def _reach(self, point: str, record: Record, op: str) -> None:
         # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
@@ -121,9 +122,10 @@ class KafkaStageWorker(WorkerRuntime):
             for tp, upto in committed.items():
                 waiting = self.pending.get(tp, [])
                 self.pending[tp] = [w for w in waiting if w[0] >= upto]
+                detail = Detail(committed=upto, **member)  # the partition's records' alike
                 for offset, subject in waiting:
                     if offset < upto:
-                        self.ledger.emit_about(Kind.BROKER_COMMIT, subject, committed=upto, **member)
+                        self.ledger.emit_about(Kind.BROKER_COMMIT, subject, shared=detail)
 
     def _join(self) -> GroupConsumer:
         o = self.opts

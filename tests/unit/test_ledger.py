@@ -31,7 +31,7 @@ from harness.ledger.layout import (
 from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segments
 from harness.ledger.schema import COLUMNS, Kind
 from harness.ledger.synth import synth_run
-from harness.ledger.writer import LedgerWriter
+from harness.ledger.writer import Detail, LedgerWriter
 
 KILL_SELF = """
 import os, signal, sys
@@ -519,7 +519,32 @@ def test_an_event_about_a_subject_is_the_row_emit_writes(tmp_path: Path) -> None
             w.emit_about(kind, about, **detail)
         with pytest.raises(TypeError, match="dest, offset: a column of the event's subject"):
             w.emit_about(Kind.SEND, about, offset=9, dest="elsewhere")
-    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_emit, by_subject)]
-    assert len(lines[1]) == len(events)  # the refused event wrote nothing
+    by_shared = tmp_path / "shared"
+    with LedgerWriter(by_shared, "worker-0") as w:
+        about = w.subject(**columns)
+        for i, (kind, detail) in enumerate(events):  # remembered, then formatted alone
+            attempt, point = detail.pop("attempt", None), detail.pop("point", None)
+            shared = w.shared(**detail) if i % 2 else Detail(**detail)
+            w.emit_about(kind, about, attempt=attempt, point=point, shared=shared)
+        with pytest.raises(TypeError, match="batch: give the detail as shared= or as keywords"):
+            w.emit_about(Kind.SEND, about, shared=Detail(), batch=1)
+    dirs = (by_emit, by_subject, by_shared)
+    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in dirs]
+    assert len(lines[1]) == len(lines[2]) == len(events)  # the refused events wrote nothing
     untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
     assert untimed[1] == untimed[0]
+    assert untimed[2] == untimed[0]
+
+
+def test_a_shared_detail_is_remembered_only_where_equal_values_write_alike(tmp_path: Path) -> None:
+    with LedgerWriter(tmp_path, "worker-0") as w:
+        table = w.shared(table="effects", n=1)
+        assert w.shared(table="effects", n=1) is table
+        assert w.shared(n=1, table="effects").text == table.text  # sorted alike, wherever remembered
+        assert w.shared(flag=True).text != w.shared(flag=1).text  # equal keys to a dict, not equal text
+        assert w.shared(flag=1).text == Detail(flag=1).text
+        assert w.shared(x=-0.0).text != w.shared(x=0.0).text
+        assert w.shared(parts=[1, 2]).text == Detail(parts=[1, 2]).text  # a list: formatted each time
+        for i in range(300):
+            assert w.shared(i=i).text == Detail(i=i).text  # past the bound: formatted, not kept
+        assert w.shared(i=299) is not w.shared(i=299)
