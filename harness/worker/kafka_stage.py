@@ -92,7 +92,8 @@ class KafkaStageWorker(WorkerRuntime):
         # Five or so events a record share their columns: formatted once, when it is delivered; and
         # most of them a detail with every other record (its effect's table, its output's topic).
         subject = self._subjects.get(record.coord)
-        self.ledger.emit_about(kind, subject or self._subject(record, op), shared=self.ledger.shared(**detail))
+        shared = self.ledger.shared(**detail) if detail else None  # none: the writer's own is quicker
+        self.ledger.emit_about(kind, subject or self._subject(record, op), shared=shared)
 
     def _reach(self, point: str, record: Record, op: str) -> None:
         # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
