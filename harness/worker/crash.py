@@ -112,9 +112,9 @@ class CrashPoints:
         ``reach``-ing them, re-reading this once per batch."""
         return frozenset(a.point for a in self._load())
 
-    def count(self, point: str) -> None:
-        """Count a hit of ``point`` that no arm names (what ``reach`` would do, minus the arm check)."""
-        self.hits[point] += 1
+    def count(self, point: str, n: int = 1) -> None:
+        """Count ``n`` hits of ``point`` that no arm names (what ``reach`` would do, minus the arm check)."""
+        self.hits[point] += n
 
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
         """Record that ``point`` was reached; act on the first arm that matches.

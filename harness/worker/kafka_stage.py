@@ -103,6 +103,14 @@ class KafkaStageWorker(WorkerRuntime):
         else:
             self.crash.count(point)
 
+    def _reach_all(self, point: str, records: Sequence[Record], ops: Sequence[str]) -> None:
+        """``_reach`` ``point`` for each of ``records`` in turn; counted at once when no arm names it."""
+        if point in self._armed:
+            for r, op in zip(records, ops, strict=True):
+                self._reach(point, r, op)
+        else:
+            self.crash.count(point, len(records))
+
     def _rebalanced(self, event: str, parts: list[TP]) -> None:
         if event == "lost":
             for tp in parts:
@@ -257,8 +265,7 @@ class KafkaStageWorker(WorkerRuntime):
             # disk before the commit below, and a crash point it reaches flushes before it kills.
             with self.ledger.batch():
                 self.handler(contexts)
-            for r, op in zip(records, ops, strict=True):
-                self._reach("before_db_commit", r, op)
+            self._reach_all("before_db_commit", records, ops)
             trans.commit()
         except BaseException:
             if trans.is_active:
@@ -340,8 +347,7 @@ class KafkaStageWorker(WorkerRuntime):
             if not self._survivable(exc, None, None, attempt):
                 raise
             return exc
-        for r, op in zip(records, ops, strict=True):
-            self._reach("after_db_commit", r, op)
+        self._reach_all("after_db_commit", records, ops)
         with self.ledger.batch():  # producing is asynchronous: the offset commit is what waits for it
             for ctx, r, op in zip(contexts, records, ops, strict=True):
                 self._outputs(ctx, r, op)
@@ -394,8 +400,7 @@ class KafkaStageWorker(WorkerRuntime):
         producer, consumer = self.producer, self.consumer
         assert producer is not None
         assert consumer is not None
-        for r, op in zip(records, ops, strict=True):
-            self._reach("before_offset_commit", r, op)
+        self._reach_all("before_offset_commit", records, ops)
         if self.opts.commit == "transaction":
             offsets = _offsets_after(records)
             producer.send_offsets(offsets, consumer)
@@ -405,5 +410,4 @@ class KafkaStageWorker(WorkerRuntime):
             producer.flush()  # outputs durable before the offsets move past their inputs
             committed = consumer.commit()
         self._covered(committed)
-        for r, op in zip(records, ops, strict=True):
-            self._reach("after_offset_commit", r, op)
+        self._reach_all("after_offset_commit", records, ops)
