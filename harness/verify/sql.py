@@ -138,6 +138,13 @@ def packed_counts(d: Dialect) -> tuple[dict[str, str], dict[str, str]]:
     return sums, columns
 
 
+def unpacked(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
+    """Return, for a packed dialect, summary column -> its expression after the group-by: each count
+    read out of its sum, and the ``model.SUMS`` columns ``measures`` leaves out for ``contract`` (0)."""
+    zeros = {n: "CAST(0 AS BIGINT)" for n in model.SUMS if n not in model.summed(contract)}
+    return packed_counts(d)[1] | zeros
+
+
 def measures(contract: model.FlowContract, d: Dialect) -> dict[str, str]:
     """Return summary column -> its aggregate over one operation's events.
 
@@ -222,9 +229,9 @@ def summary_query(
     aggs = ", ".join(f"{m} AS {n}" for n, m in measures(contract, d).items())
     base = f"SELECT {keys}, {aggs} FROM {events} WHERE op_id IS NOT NULL GROUP BY {keys}"
     if d.packed:
-        zeros = "".join(f", CAST(0 AS BIGINT) AS {n}" for n in model.SUMS if n not in model.summed(contract))
-        counts = ", ".join(f"{e} AS {n}" for n, e in packed_counts(d)[1].items()) + zeros
-        base = f"SELECT * EXCLUDE ({', '.join(packed_counts(d)[0])}), {counts} FROM ({base}) p"  # DuckDB's SQL
+        words = ", ".join(packed_counts(d)[0])
+        counts = ", ".join(f"{e} AS {n}" for n, e in unpacked(contract, d).items())
+        base = f"SELECT * EXCLUDE ({words}), {counts} FROM ({base}) p"  # DuckDB's SQL; Spark's job selects alike
     if per_key:
         cols = ", ".join(f"coalesce(k.{c}, 0) AS {c}" for c in model.PER_KEY_COLUMNS)
         base = f"SELECT s.*, {cols} FROM ({base}) s LEFT JOIN {per_key} k ON s.op_id = k.op_id"

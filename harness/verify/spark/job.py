@@ -109,9 +109,8 @@ def summarize(
     aggs = [m.alias(n) for n, m in op_measures(contract, d).items()]
     summary = events.where(F.col("op_id").isNotNull()).groupBy(*KEYS).agg(*aggs)
     if d.packed:  # the counts out of their sums, and the sums the contract leaves out (0)
-        words, counts = sql.packed_counts(d)
-        zeros = [F.lit(0).cast("bigint").alias(n) for n in model.SUMS if n not in model.summed(contract)]
-        summary = summary.select("*", *(F.expr(e).alias(n) for n, e in counts.items()), *zeros).drop(*words)
+        after = (F.expr(e).alias(n) for n, e in sql.unpacked(contract, d).items())
+        summary = summary.select("*", *after).drop(*sql.packed_counts(d)[0])
     if contract.per_key:  # a join (a shuffle) only for the runs that carry per-key data
         summary = summary.join(per_key_counts(events), "op_id", "left").fillna(0, subset=list(model.PER_KEY_COLUMNS))
     judged = model.judged_rules(contract, snapshot=snapshot, intact=intact)
@@ -365,9 +364,13 @@ def check_events(
         recorded = writer_counts(layout)
         writers = _writers(events, list(layout["srcs"])) if recorded is None else recorded
         lap("writers_s")
-        rows = layout.get("events")
+        recorded_events = layout.get("events")
         summary, flags = summarize(
-            events, contract, snapshot=snapshot, intact=intact, rows=rows if isinstance(rows, int) else None
+            events,
+            contract,
+            snapshot=snapshot,
+            intact=intact,
+            rows=recorded_events if isinstance(recorded_events, int) else None,
         )
         rows = _aggregate(summary, flags, windows)
         agg = _combine(rows, flags, writers, scanned=recorded is None)
