@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
@@ -65,6 +66,55 @@ class Detail:
 
     def __init__(self, /, **detail: Any) -> None:
         self.text = _detail_text(detail)
+
+
+_SLOT = "\x00txchaos-slot-{}\x00"  # stands for a varying value while a ``DetailForm`` is built
+
+
+def _scalar(value: object) -> str:
+    """Return a whole number, a boolean or None as JSON; refuse anything else (its text may need escaping)."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    raise TypeError(f"{value!r}: a DetailForm fills in whole numbers, booleans and None only")
+
+
+class DetailForm:
+    """Details that share their keys and some values, formatted once with blanks for the rest.
+
+    ``DetailForm(("index", "redelivered"), batch=3)(7, False)`` is ``Detail(batch=3, index=7,
+    redelivered=False)``, text for text (tests/unit/test_ledger.py holds the two equal), for the
+    events a worker writes about every record of a batch: each fills in only its own numbers.
+    """
+
+    __slots__ = ("_blanks", "_parts")
+
+    def __init__(self, blanks: tuple[str, ...], /, **fixed: Any) -> None:
+        if clash := sorted(set(blanks).intersection(fixed)):
+            raise TypeError(f"{', '.join(clash)}: a blank and a fixed value at once")
+        text = dumps_sorted(fixed | {name: _SLOT.format(i) for i, name in enumerate(blanks)})
+        # Each blank in sorted-key order, and the text around the blanks escaped as the detail
+        # column's quoting escapes it: encode_basestring_ascii escapes character by character.
+        pieces = re.split(r'"\\u0000txchaos-slot-(\d+)\\u0000"', text)
+        self._parts = [_quote(piece)[1:-1] for piece in pieces[::2]]
+        self._blanks = [int(i) for i in pieces[1::2]]
+        if sorted(self._blanks) != list(range(len(blanks))):  # a fixed value held a slot's own text
+            raise ValueError(f"{fixed!r}: a fixed value of a DetailForm holds the text it marks its blanks with")
+
+    def __call__(self, *values: object) -> Detail:
+        if len(values) != len(self._blanks):
+            raise TypeError(f"{len(values)} value(s) for {len(self._blanks)} blank(s)")
+        parts = self._parts
+        out = ['"', parts[0]]
+        for at, piece in zip(self._blanks, parts[1:], strict=True):
+            out += (_scalar(values[at]), piece)
+        out.append('"')
+        made = Detail.__new__(Detail)
+        made.text = "".join(out)
+        return made
 
 
 class Subject:
@@ -196,6 +246,51 @@ class LedgerWriter:
             )
             data = line.encode()
             self._seq += 1
+            held: _Held | None = getattr(self._local, "held", None)
+            if held is None:
+                self._write(data)
+                return
+        self._hold(held, data)
+
+    def emit_each(
+        self,
+        kind: Kind,
+        subjects: Sequence[Subject],
+        *,
+        shared: Detail | None = None,
+        details: Sequence[Detail] | None = None,
+        attempts: Sequence[int | None] | None = None,
+    ) -> None:
+        """Append one ``kind`` event per subject, the ``i``-th row exactly as ``emit_about(kind,
+        subjects[i], attempt=attempts[i], shared=details[i] or shared)`` writes it; the rows share
+        one ``ts_ns`` and are one write (or join the open ``batch``).
+
+        For the events a worker writes about every record of a batch: a loop of ``emit_about``
+        calls paid a call, a lock and a clock read per row.
+        """
+        n = len(subjects)
+        if shared is not None and details is not None:
+            raise TypeError("give the details as shared= or as details=, not both")
+        if details is not None:
+            infos = [d.text for d in details]
+        else:
+            infos = [shared.text if shared is not None else _EMPTY_DETAIL] * n
+        tries = ["null"] * n if attempts is None else [_field(a) for a in attempts]
+        if not len(infos) == len(tries) == n:
+            raise ValueError(f"{n} subjects, {len(infos)} details and {len(tries)} attempts: one each")
+        if not n:
+            return
+        kind_text = f',"kind":{_kind(kind)}'
+        with self._lock:
+            first = self._seq
+            self._seq += n
+            head = f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":'
+            data = "".join(
+                [
+                    f'{head}{seq}{kind_text}{s.head}{a},"point":null{s.tail}{i}}}\n'
+                    for seq, s, a, i in zip(range(first, first + n), subjects, tries, infos, strict=True)
+                ]
+            ).encode()
             held: _Held | None = getattr(self._local, "held", None)
             if held is None:
                 self._write(data)

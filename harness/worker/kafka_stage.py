@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from harness.clients import db
@@ -28,7 +28,7 @@ from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
 from harness.jsontext import dumps
 from harness.ledger.schema import Kind
-from harness.ledger.writer import Detail, Subject
+from harness.ledger.writer import Detail, DetailForm, Subject
 from harness.worker.base import WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
 from harness.worker.high_water import HighWater
@@ -88,12 +88,19 @@ class KafkaStageWorker(WorkerRuntime):
             offset=record.offset,
         )
 
+    def _subject_of(self, record: Record, op: str) -> Subject:
+        # Five or so events a record share their columns: formatted once, when it is delivered.
+        return self._subjects.get(record.coord) or self._subject(record, op)
+
     def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
-        # Five or so events a record share their columns: formatted once, when it is delivered; and
-        # most of them a detail with every other record (its effect's table, its output's topic).
-        subject = self._subjects.get(record.coord)
+        # Most events a detail with every other record (its effect's table, its output's topic).
         shared = self.ledger.shared(**detail) if detail else None  # none: the writer's own is quicker
-        self.ledger.emit_about(kind, subject or self._subject(record, op), shared=shared)
+        self.ledger.emit_about(kind, self._subject_of(record, op), shared=shared)
+
+    def _emit_each(self, kind: Kind, records: Sequence[Record], ops: Sequence[str]) -> None:
+        """One ``kind`` event, with no detail, per record: one write for them all."""
+        subjects = [self._subject_of(r, op) for r, op in zip(records, ops, strict=True)]
+        self.ledger.emit_each(kind, subjects)
 
     def _reach(self, point: str, record: Record, op: str) -> None:
         # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
@@ -132,9 +139,8 @@ class KafkaStageWorker(WorkerRuntime):
                 waiting = self.pending.get(tp, [])
                 self.pending[tp] = [w for w in waiting if w[0] >= upto]
                 detail = Detail(committed=upto, **member)  # the partition's records' alike
-                for offset, subject in waiting:
-                    if offset < upto:
-                        self.ledger.emit_about(Kind.BROKER_COMMIT, subject, shared=detail)
+                covered = [subject for offset, subject in waiting if offset < upto]
+                self.ledger.emit_each(Kind.BROKER_COMMIT, covered, shared=detail)
 
     def _join(self) -> GroupConsumer:
         o = self.opts
@@ -189,28 +195,27 @@ class KafkaStageWorker(WorkerRuntime):
         for r in records:
             highest[r.tp] = max(highest.get(r.tp, -1), r.offset)
         before = {tp: self.high.mark(tp, top) for tp, top in highest.items()}
-        ops = []
+        ops: list[str] = []
+        subjects: list[Subject] = []
+        attempts: list[int] = []
+        details: list[Detail] = []
         self._subjects = {}
-        with self.ledger.batch():  # one write for the batch's deliveries: nothing can crash between them
-            for i, r in enumerate(records):
-                op = op_of(r)
-                subject = self._subjects[r.coord] = self._subject(r, op)
-                redelivered = r.offset <= before[r.tp]
-                attempt = 1
-                if redelivered:
-                    self.attempts[r.coord] += 1
-                    attempt = 1 + self.attempts[r.coord]
-                self.ledger.emit_about(
-                    Kind.DELIVER,
-                    subject,
-                    attempt=attempt,
-                    redelivered=redelivered,
-                    batch=self.batches,
-                    index=i,
-                    **member,
-                )
-                self.pending.setdefault(r.tp, []).append((r.offset, subject))
-                ops.append(op)
+        form = DetailForm(("index", "redelivered"), batch=self.batches, **member)
+        for i, r in enumerate(records):
+            op = op_of(r)
+            subject = self._subjects[r.coord] = self._subject(r, op)
+            redelivered = r.offset <= before[r.tp]
+            attempt = 1
+            if redelivered:
+                self.attempts[r.coord] += 1
+                attempt = 1 + self.attempts[r.coord]
+            subjects.append(subject)
+            attempts.append(attempt)
+            details.append(form(i, redelivered))
+            self.pending.setdefault(r.tp, []).append((r.offset, subject))
+            ops.append(op)
+        # one write for the batch's deliveries: nothing can crash between them
+        self.ledger.emit_each(Kind.DELIVER, subjects, attempts=attempts, details=details)
         return ops
 
     def process_batch(self, records: list[Record]) -> None:
@@ -255,12 +260,10 @@ class KafkaStageWorker(WorkerRuntime):
         back, write a rollback per record and re-raise. ``poll_points``: reach ``after_poll`` inside."""
         conn = self.stage_db()
         trans = conn.begin()
-        contexts: list[KafkaContext] = []
         try:
-            for r, op in zip(records, ops, strict=True):
-                if poll_points:
-                    self._reach("after_poll", r, op)
-                contexts.append(self._context(conn, r, op))
+            if poll_points:  # before any context: making one has no effect a crash could cut short
+                self._reach_all("after_poll", records, ops)
+            contexts = [self._context(conn, r, op) for r, op in zip(records, ops, strict=True)]
             # The handler's events (an effect per record) in one write: nothing in it must be on
             # disk before the commit below, and a crash point it reaches flushes before it kills.
             with self.ledger.batch():
@@ -270,13 +273,9 @@ class KafkaStageWorker(WorkerRuntime):
         except BaseException:
             if trans.is_active:
                 trans.rollback()
-            with self.ledger.batch():
-                for r, op in zip(records, ops, strict=True):
-                    self._emit(Kind.DB_ROLLBACK, r, op)
+            self._emit_each(Kind.DB_ROLLBACK, records, ops)
             raise
-        with self.ledger.batch():
-            for r, op in zip(records, ops, strict=True):
-                self._emit(Kind.DB_COMMIT, r, op)
+        self._emit_each(Kind.DB_COMMIT, records, ops)
         return contexts
 
     def _one(self, r: Record, op: str) -> None:
@@ -301,7 +300,7 @@ class KafkaStageWorker(WorkerRuntime):
                     return
                 time.sleep(self.opts.backoff_ms / 1000 * 2 ** (attempt - 1))
         self._reach("after_db_commit", r, op)
-        self._outputs(ctx, r, op)
+        self._outputs([(ctx, r, op)])
         self._done(r)
 
     def _each(self, records: list[Record], ops: list[str]) -> None:
@@ -348,9 +347,7 @@ class KafkaStageWorker(WorkerRuntime):
                 raise
             return exc
         self._reach_all("after_db_commit", records, ops)
-        with self.ledger.batch():  # producing is asynchronous: the offset commit is what waits for it
-            for ctx, r, op in zip(contexts, records, ops, strict=True):
-                self._outputs(ctx, r, op)
+        self._outputs(zip(contexts, records, ops, strict=True))
         self._done(*records)  # one store for the batch: no crash point lies between its records
         return None
 
@@ -369,25 +366,41 @@ class KafkaStageWorker(WorkerRuntime):
             self._emit(Kind.ERROR, r, op, **detail)
         return not fatal
 
-    def _outputs(self, ctx: KafkaContext, r: Record, op: str) -> None:
+    def _outputs(self, handled: Iterable[tuple[KafkaContext, Record, str]]) -> None:
+        """Produce what each handled record's context sent (and diverted); a send event each, the
+        events of all of them one write (producing is asynchronous: the offset commit waits for it)."""
         producer = self.producer
         assert producer is not None
-        if ctx.diverted is not None:
-            self._to_dlt(r, op, ctx.diverted)
-        for body, dest, key in ctx.sent:
-            target = dest or self.spec.output_queue
-            if target is None:
-                raise HarnessError(f"stage {self.spec.stage} has no output topic", hint="pass topic= to ctx.send")
-            out = key or op
-            producer.produce(target, dumps(body), key=out, headers={"txchaos-op": out})
-            self._emit(Kind.SEND, r, op, topic=target, **({"key": key} if key else {}))
+        subjects: list[Subject] = []
+        details: list[Detail] = []
+        try:
+            for ctx, r, op in handled:
+                subject = self._subject_of(r, op)
+                if ctx.diverted is not None:
+                    details.append(self._dead_letter(r, op, ctx.diverted))
+                    subjects.append(subject)
+                for body, dest, key in ctx.sent:
+                    target = dest or self.spec.output_queue
+                    if target is None:
+                        hint = "pass topic= to ctx.send"
+                        raise HarnessError(f"stage {self.spec.stage} has no output topic", hint=hint)
+                    out = key or op
+                    producer.produce(target, dumps(body), key=out, headers={"txchaos-op": out})
+                    details.append(self.ledger.shared(topic=target, **({"key": key} if key else {})))
+                    subjects.append(subject)
+        finally:  # what was produced is in the ledger, an error or not
+            self.ledger.emit_each(Kind.SEND, subjects, details=details)
 
-    def _to_dlt(self, r: Record, op: str, reason: str) -> None:
+    def _dead_letter(self, r: Record, op: str, reason: str) -> Detail:
+        """Produce ``r`` to its dead-letter topic; return its send event's detail."""
         assert self.producer is not None
         target = dlt_name(r.topic)
         headers = {"txchaos-op": op, "txchaos-error": reason[:200], "txchaos-source": r.coord}
         self.producer.produce(target, r.value, key=op, headers=headers)
-        self._emit(Kind.SEND, r, op, topic=target, reason=reason[:200])
+        return Detail(topic=target, reason=reason[:200])
+
+    def _to_dlt(self, r: Record, op: str, reason: str) -> None:
+        self.ledger.emit_about(Kind.SEND, self._subject_of(r, op), shared=self._dead_letter(r, op, reason))
 
     def _done(self, *records: Record) -> None:
         """Store the offsets after ``records`` (manual store): the next commit covers them."""

@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.errors import ConfigError
 from harness.ledger.layout import (
@@ -31,7 +33,7 @@ from harness.ledger.layout import (
 from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segments
 from harness.ledger.schema import COLUMNS, Kind
 from harness.ledger.synth import synth_run
-from harness.ledger.writer import Detail, LedgerWriter
+from harness.ledger.writer import Detail, DetailForm, LedgerWriter
 
 KILL_SELF = """
 import os, signal, sys
@@ -548,3 +550,64 @@ def test_a_shared_detail_is_remembered_only_where_equal_values_write_alike(tmp_p
         for i in range(300):
             assert w.shared(i=i).text == Detail(i=i).text  # past the bound: formatted, not kept
         assert w.shared(i=299) is not w.shared(i=299)
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70))
+_VALUES = st.one_of(_SCALARS, st.text(max_size=8), st.floats(allow_nan=False), st.lists(st.integers(), max_size=3))
+
+
+@given(
+    fixed=st.dictionaries(st.text(max_size=6), _VALUES, max_size=4),
+    blanks=st.dictionaries(st.text(max_size=6), _SCALARS, max_size=4),
+)
+def test_a_detail_form_filled_in_is_the_detail_written_whole(
+    fixed: dict[str, object], blanks: dict[str, object]
+) -> None:
+    fixed = {k: v for k, v in fixed.items() if k not in blanks}
+    form = DetailForm(tuple(blanks), **fixed)
+    assert form(*blanks.values()).text == Detail(**fixed, **blanks).text
+
+
+def test_a_detail_form_refuses_what_it_cannot_fill_in_alike() -> None:
+    form = DetailForm(("index",), batch=1)
+    with pytest.raises(TypeError, match="whole numbers, booleans and None"):
+        form("seven")
+    with pytest.raises(TypeError, match="1 blank"):
+        form(1, 2)
+    with pytest.raises(TypeError, match="index: a blank and a fixed value"):
+        DetailForm(("index",), index=1)
+    with pytest.raises(ValueError, match="holds the text it marks its blanks with"):
+        DetailForm(("index",), note="\x00txchaos-slot-0\x00")
+
+
+def test_events_emitted_each_at_once_are_the_rows_emit_about_writes(tmp_path: Path) -> None:
+    columns = [
+        {"op": f'op "{n}" é', "msg": f"in/2@{n}", "stage": "worker", "dest": "in", "partition": 2, "offset": n}
+        for n in range(3)
+    ]
+    by_one, by_each = tmp_path / "one", tmp_path / "each"
+    with LedgerWriter(by_one, "worker-0") as w:
+        about = [w.subject(**c) for c in columns]
+        for n, s in enumerate(about):
+            w.emit_about(Kind.DELIVER, s, attempt=n + 1, index=n, redelivered=n > 0)
+        for s in about:
+            w.emit_about(Kind.DB_COMMIT, s)
+        for s in about:
+            w.emit_about(Kind.SEND, s, topic="out")
+    with LedgerWriter(by_each, "worker-0") as w:
+        about = [w.subject(**c) for c in columns]
+        form = DetailForm(("index", "redelivered"))
+        details = [form(n, n > 0) for n in range(3)]
+        w.emit_each(Kind.DELIVER, about, attempts=[1, 2, 3], details=details)
+        with w.batch():
+            w.emit_each(Kind.DB_COMMIT, about)
+            w.emit_each(Kind.SEND, about, shared=w.shared(topic="out"))
+            w.emit_each(Kind.SEND, [])
+        with pytest.raises(ValueError, match="3 subjects, 2 details"):
+            w.emit_each(Kind.SEND, about, details=details[:2])
+        with pytest.raises(TypeError, match="not both"):
+            w.emit_each(Kind.SEND, about, details=details, shared=Detail())
+    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_one, by_each)]
+    untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
+    assert untimed[1] == untimed[0]
+    assert len({json.loads(line)["ts_ns"] for line in lines[1][:3]}) == 1  # one clock read a call
