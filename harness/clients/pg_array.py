@@ -30,4 +30,12 @@ def array_literal(values: Iterable[str | int | None]) -> str:
     Pass it where the statement casts it to the array type: ``CAST(:p AS text[])``, ``%s::int[]``.
     A None element is NULL; anything but str, int or None raises TypeError.
     """
-    return "{" + ",".join(map(_element, values)) + "}"
+    items = values if isinstance(values, list) else list(values)
+    kinds = set(map(type, items))  # the types checked in C, not a call an element
+    if kinds == {int}:
+        return "{" + ",".join(map(str, items)) + "}"
+    if kinds == {str}:
+        joined = '","'.join(items)  # quoted alike, unless an element holds what must be escaped
+        if joined.count('"') == 2 * (len(items) - 1) and "\\" not in joined:
+            return '{"' + joined + '"}'
+    return "{" + ",".join(map(_element, items)) + "}"

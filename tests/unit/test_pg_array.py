@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from harness.clients.pg_array import array_literal
+from harness.clients.pg_array import _element, array_literal
 
 
 def test_ints_are_bare_and_none_is_null() -> None:
@@ -25,3 +27,21 @@ def test_every_string_is_quoted_and_escaped() -> None:
 def test_other_types_are_refused_naming_the_value(value: object) -> None:
     with pytest.raises(TypeError, match="str, int or None"):
         array_literal([value])  # type: ignore[list-item]
+
+
+def _one_by_one(values: list[str | int | None]) -> str:
+    """The literal built element by element, as ``array_literal`` builds any list it has no shortcut for."""
+    return "{" + ",".join(_element(v) for v in values) + "}"
+
+
+@given(
+    st.one_of(
+        st.lists(st.integers(-(2**70), 2**70)),
+        st.lists(st.text()),
+        st.lists(st.sampled_from(['a"', "\\", "plain", "", '"'])),
+        st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=3))),
+    )
+)
+def test_the_shortcuts_write_what_the_element_by_element_literal_does(values: list[str | int | None]) -> None:
+    assert array_literal(values) == _one_by_one(values)
+    assert array_literal(iter(values)) == _one_by_one(values)

@@ -168,6 +168,9 @@ class GroupConsumer:
         return self._consumer.consumer_group_metadata()
 
 
+SERVE_EVERY = 64  # records produced between two servings of the delivery reports (``poll(0)``)
+
+
 class OutputProducer:
     """An idempotent producer (acks=all); with ``transactional_id``, a transactional one.
 
@@ -207,6 +210,8 @@ class OutputProducer:
         self._producer = Producer(config)
         self._errors: list[str] = []
         self.acked = 0
+        self._queued = 0
+        self._on_delivery = self._delivered  # bound once, not a method object a record
         # The transaction calls, each bounded at timeout_s, that librdkafka may leave blocked past it.
         self._watch = CallWatch(timeout_s, on_hung) if transactional_id else None
         if transactional_id:
@@ -225,13 +230,15 @@ class OutputProducer:
         hdrs: dict[str, str | bytes | None] | None = dict(headers) if headers else None
         for attempt in range(2):
             try:
-                self._producer.produce(topic, value=value, key=key, headers=hdrs, on_delivery=self._delivered)
+                self._producer.produce(topic, value=value, key=key, headers=hdrs, on_delivery=self._on_delivery)
                 break
             except BufferError:
                 if attempt:
                     raise HarnessError(f"the producer queue to {topic} stays full") from None
                 self._producer.poll(1.0)  # the local queue is full: let deliveries drain first
-        self._producer.poll(0)
+        self._queued += 1
+        if self._queued % SERVE_EVERY == 0:  # delivery reports served as they come, not a call a record
+            self._producer.poll(0)
 
     def flush(self) -> None:
         """Wait until every queued record is acknowledged; raise if any failed."""
