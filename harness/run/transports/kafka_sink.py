@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from harness.clients import db, kafka
 from harness.clients.kafka import TopicReader, dlt_name
 from harness.errors import HarnessError
 from harness.ledger.schema import Kind
-from harness.ledger.writer import LedgerWriter
+from harness.ledger.writer import Detail, LedgerWriter, Subject
 from harness.run.transports.base import RunRecord
 from harness.run.transports.sink import SinkBase
 from harness.worker.kafka_context import op_of
+
+_NO_DETAIL = Detail()
 
 # How often a sink with nothing downstream asks for its group's committed offsets, and how long it waits.
 PROGRESS_EVERY_S = 0.5
@@ -71,25 +72,23 @@ class KafkaSink(SinkBase):
                     with self._lock:
                         self._caught_up_at = now if caught_up else None
                 ops = []
-                with self.ledger.batch():  # one write a poll; each counted out once its event is written
-                    for rec in records:
-                        op = self.op_in(rec.headers, rec.value, op_of(rec)) or rec.coord
-                        kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
-                        detail: dict[str, Any] = {}
-                        if "txchaos-error" in rec.headers:
-                            detail["error"] = rec.headers["txchaos-error"]
-                        self.ledger.emit(
-                            kind,
-                            op=op,
-                            msg=rec.coord,
-                            dest=rec.topic,
-                            partition=rec.partition,
-                            offset=rec.offset,
-                            **detail,
+                seen: dict[Kind, tuple[list[Subject], list[Detail]]] = {}  # by kind, in the order read
+                for rec in records:
+                    op = self.op_in(rec.headers, rec.value, op_of(rec)) or rec.coord
+                    kind = self.topics.get(rec.topic, Kind.DOWNSTREAM)
+                    error = rec.headers.get("txchaos-error")
+                    subjects, details = seen.setdefault(kind, ([], []))
+                    subjects.append(
+                        self.ledger.subject(
+                            op=op, msg=rec.coord, dest=rec.topic, partition=rec.partition, offset=rec.offset
                         )
-                        ops.append(op)
-                for op in ops:
-                    self._saw(op)
+                    )
+                    details.append(_NO_DETAIL if error is None else Detail(error=error))
+                    ops.append(op)
+                with self.ledger.batch():  # one write a poll; each counted out once its event is written
+                    for kind, (subjects, details) in seen.items():
+                        self.ledger.emit_each(kind, subjects, details=details)
+                self._saw_all(ops)
         except BaseException as exc:  # surfaced by check(): a dead sink must fail the run, not hang it
             self._error = exc
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 
 from harness.ledger.schema import Kind
 from harness.ledger.writer import LedgerWriter
@@ -46,11 +47,18 @@ class SinkBase:
 
     def _saw(self, op: str | None) -> None:
         """Count one message of ``op`` that came out (its event is already in the ledger)."""
+        self._saw_all([op])
+
+    def _saw_all(self, ops: Sequence[str | None]) -> None:
+        """Count one message of each of ``ops`` that came out (their events are already in the ledger)."""
+        if not ops:
+            return
         with self._lock:
             self._last = time.monotonic()
-            self.received += 1
-            if op:
-                self.out.add(op)
+            self.received += len(ops)
+            for op in ops:
+                if op:
+                    self.out.add(op)
 
     def start(self) -> None:
         self._thread.start()
