@@ -11,6 +11,7 @@ function, which an explicit ``CAST`` from text runs.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 
 def _element(value: str | int | None) -> str:
@@ -35,7 +36,7 @@ def array_literal(values: Iterable[str | int | None]) -> str:
     if kinds == {int}:
         return "{" + ",".join(map(str, items)) + "}"
     if kinds == {str}:
-        joined = '","'.join(items)  # quoted alike, unless an element holds what must be escaped
+        joined = '","'.join(cast("list[str]", items))  # quoted alike, unless an element holds what must be escaped
         if joined.count('"') == 2 * (len(items) - 1) and "\\" not in joined:
             return '{"' + joined + '"}'
     return "{" + ",".join(map(_element, items)) + "}"
