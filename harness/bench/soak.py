@@ -292,9 +292,10 @@ def _pairs(
         soaked = s["stats"]["submitted"]
         cpu.append(cpu_row(f"pair {n}: {case.label}", soaked, flow, s["cpu"], ledger_roles(s["run_dir"])))
         ratios.append(s["stats"]["ops_per_s"] / got.ops_per_s)
-        running.append(_running_rate(s["stats"]) / got.ops_per_s)
+        rate = _running_rate(s["stats"])
+        running.append(rate / got.ops_per_s)
         note = (
-            f"pair {n}: {ratios[-1]:.0%} of the bare loop; {_running_rate(s['stats']):,.0f} ops/s "
+            f"pair {n}: {ratios[-1]:.0%} of the bare loop; {rate:,.0f} ops/s "
             f"({running[-1]:.0%}) with its close ({s['stats']['close_s']:.1f} s) left out"
         )
         if libs is not None:

@@ -67,6 +67,13 @@ class Detail:
     def __init__(self, /, **detail: Any) -> None:
         self.text = _detail_text(detail)
 
+    @classmethod
+    def of_text(cls, text: str) -> Detail:
+        """Return the detail whose column text (quoted JSON, as ``Detail`` makes it) is ``text``."""
+        made = cls.__new__(cls)
+        made.text = text
+        return made
+
 
 _SLOT = "\x00txchaos-slot-{}\x00"  # stands for a varying value while a ``DetailForm`` is built
 
@@ -112,9 +119,7 @@ class DetailForm:
         for at, piece in zip(self._blanks, parts[1:], strict=True):
             out += (_scalar(values[at]), piece)
         out.append('"')
-        made = Detail.__new__(Detail)
-        made.text = "".join(out)
-        return made
+        return Detail.of_text("".join(out))
 
 
 class Subject:
