@@ -173,8 +173,8 @@ def _deliveries_until_dead(client: StompClient, q: str, *, disconnects: int = 0)
     while (msg := client.receive(4)) is not None:
         count += 1
         gaps.append(time.monotonic() - last)
-        last = time.monotonic()
         time.sleep(HANDLER_S)
+        last = time.monotonic()  # the plugin's delay runs from the NACK, not from the delivery
         client.nack(msg)
     return count, gaps[1:]
 
