@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.bench.report import write_section
+from harness.bench.report import DOC, write_section
 from harness.stack import spark_connect
 
 SECTION = "Ledger verification (issues 5 and 31)"
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1e6,1e7,1e8", help="comma-separated event counts")
     parser.add_argument("--work", type=Path, default=Path("reports/bench"), help="where synthetic runs go")
     parser.add_argument("--spark-max", type=float, default=1e9, help="largest size the Spark figures are taken at")
-    parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--doc", type=Path, default=DOC, help="the file to write (default: the checkout's own)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--no-connect", action="store_true", help="take no Spark Connect figures")
     args = parser.parse_args(argv)

@@ -233,10 +233,10 @@ def test_client_acks_at_prefetch_1_ack_only_the_message_in_flight(txchaos_stack:
     stomp.unsubscribe(sub)  # the stage's abort_unsubscribe
     stomp.subscribe(q, ack="client", prefetch=1)
     seen = []
-    while (got := stomp.receive(3)) is not None:
-        seen.append((got.body, got.redelivered))
+    while (back := stomp.receive(3)) is not None:
+        seen.append((back.body, back.redelivered))
         tx = stomp.begin()
-        stomp.ack(got, transaction=tx)
+        stomp.ack(back, transaction=tx)
         stomp.commit(tx)
     assert seen == [("m3", True), ("m4", False)], "m1's commit or m2's NACK took another message with it"
     with _client(txchaos_stack) as other:
@@ -262,7 +262,7 @@ def test_the_sinks_cumulative_acks_record_each_message_once_across_a_reconnect(t
     def read(expect: int) -> list[bool]:
         with _client(txchaos_stack) as client:
             client.subscribe(q, ack="client", prefetch=PREFETCH)
-            fresh = []
+            fresh: list[bool] = []
             for _ in range(expect):
                 msg = client.receive(5)
                 assert msg is not None, f"only {len(fresh)} of {expect} messages came"
