@@ -10,7 +10,8 @@ submission to the verdict. Every run of the pairs is metered too (``harness.benc
 says how many µs of CPU an operation cost each role (workers, driver, broker, Postgres, Toxiproxy).
 
     txchaos bench soak [--activemq-ops 20000] [--naive-ops N] [--kafka-ops 200000] [--service-ops 5000]
-                       [--workers 4] [--pairs 3] [--only pairs|nemesis] [--no-write]
+                       [--workers 4] [--pairs 3] [--only pairs|nemesis] [--flow activemq|kafka --no-write]
+                       [--no-write]
 """
 
 from __future__ import annotations
@@ -335,6 +336,7 @@ CPU_NOTE = (
 )
 NEMESIS_SECTION = "Soak runs under the nemesis (issue 32)"
 PARTS = ("pairs", "nemesis")
+FLOWS = ("activemq", "kafka")  # in the order the benchmark runs them
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,9 +357,20 @@ def main(argv: list[str] | None = None) -> int:
         help="pairs: each flow's clean soaks beside its bare loop; nemesis: the soaks under the default "
         "nemesis, the naive variant and the service (default: both, each in its own section)",
     )
+    parser.add_argument(
+        "--flow",
+        choices=FLOWS,
+        help="only this flow's runs, and no service soak (print only: needs --no-write, since each "
+        "section of docs/benchmarks.md holds every flow's rows)",
+    )
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs {args.pairs}: give 1 or more (3 shows the run-to-run spread)")
+    if args.flow and not args.no_write:
+        parser.error(
+            f"--flow {args.flow}: writing would replace the sections of docs/benchmarks.md with this flow's "
+            "rows alone and drop the other's; add --no-write to print the figures, or leave --flow out"
+        )
     naive = args.activemq_ops if args.naive_ops is None else args.naive_ops
     ops = {"activemq": args.activemq_ops, "naive": naive, "kafka": args.kafka_ops, "service": args.service_ops}
     for case in CASES:  # every soak is valid before any service starts
@@ -366,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, list[list[object]]] = {}
     cpu: list[list[object]] = []  # the pairs' CPU table
     with bench_stack() as endpoints:
-        for flow in ("activemq", "kafka"):
+        for flow in (args.flow,) if args.flow else FLOWS:
             # Each flow's limit is measured right before its soaks: a million-record Kafka fill
             # leaves the broker flushing for a while, which an ActiveMQ soak after it would pay.
             if "pairs" in parts:
@@ -378,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                         sections.setdefault("nemesis", []).append(
                             _soak_row(case, _soak(i, ops[case.ops_key], args.workers, endpoints))
                         )
-        if "nemesis" in parts:
+        if "nemesis" in parts and not args.flow:
             index = next(i for i, c in enumerate(CASES) if c.size == "service")
             sections["nemesis"].append(_soak_row(CASES[index], _soak(index, ops["service"], args.workers, endpoints)))
     sizes = f"--activemq-ops {args.activemq_ops} --kafka-ops {args.kafka_ops}"
