@@ -10,8 +10,9 @@ submission to the verdict. Every run of the pairs is metered too (``harness.benc
 says how many µs of CPU an operation cost each role (workers, driver, broker, Postgres, Toxiproxy).
 
     txchaos bench soak [--activemq-ops 20000] [--naive-ops N] [--kafka-ops 200000] [--service-ops 5000]
-                       [--workers 4] [--pairs 3] [--only pairs|nemesis] [--flow activemq|kafka --no-write]
-                       [--no-write]
+                       [--workers 4] [--pairs 3] [--only pairs|nemesis] [--flow activemq|kafka] [--no-write]
+
+``--flow`` runs one flow's pairs and soaks (no service soak) and needs ``--no-write``.
 """
 
 from __future__ import annotations
