@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from harness.errors import ConfigError
 from harness.ledger.layout import (
+    DELTA_COLUMNS,
     LAYOUT_NAME,
     OP_BUCKETS,
     REQUEST_COLUMNS,
@@ -78,6 +79,19 @@ def test_compact_writes_buckets_that_keep_each_op_whole(tmp_path: Path) -> None:
         for op in pq.read_table(f, columns=["op"])["op"].to_pylist():
             assert seen.setdefault(str(op), f.name) == f.name  # never split across files
     assert len(seen) == 51  # 50 ops + the null op of the fault event
+
+
+def test_compacted_parts_store_the_sorted_integer_columns_as_deltas(tmp_path: Path) -> None:
+    """The parts' encoding the docs and the benchmark figures describe (``layout.DELTA_COLUMNS``)."""
+    out = compact(_write_small(tmp_path))
+    for f in sorted(out.glob("*.parquet")):
+        meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+            for name in DELTA_COLUMNS:
+                assert "DELTA_BINARY_PACKED" in encodings[name], (f.name, name, encodings[name])
+            assert "DELTA_BINARY_PACKED" not in encodings["kind_code"]  # a dictionary column stays one
 
 
 def test_compact_numbers_ops_in_id_order_and_codes_kinds_and_writers(tmp_path: Path) -> None:
