@@ -9,6 +9,7 @@ engines. Each injected operation must be named under its class, by both engines.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -291,18 +292,58 @@ def test_engines_measure_every_fault_window_of_a_long_run(
         }
 
 
-def test_driver_jvm_maps_the_class_archive_once_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_jdk(root: Path, name: str, version: str) -> Path:
+    home = root / name
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "java").write_text("")
+    (home / "release").write_text(f'IMPLEMENTOR="test"\nJAVA_VERSION="{version}"\n')
+    return home
+
+
+@pytest.mark.parametrize(
+    ("version", "suffix", "use", "record"),
+    [
+        ("17.0.15", ".jsa", "SharedArchiveFile", "ArchiveClassesAtExit"),
+        ("25.0.3", ".aot", "AOTCache", "AOTCacheOutput"),
+    ],
+)
+def test_driver_jvm_maps_the_class_archive_once_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, suffix: str, use: str, record: str
+) -> None:
     spark = pytest.importorskip("harness.verify.spark")
     monkeypatch.setenv("TXCHAOS_CACHE", str(tmp_path))
+    monkeypatch.setenv("JAVA_HOME", str(_fake_jdk(tmp_path / "jvm", "jdk", version)))
     monkeypatch.delenv(spark.CDS_DUMP_ENV, raising=False)
     archive = spark.class_archive()
     assert archive.parent == tmp_path / "spark"
-    assert "SharedArchiveFile" not in spark.session._java_options()  # none recorded yet: plain JVM
+    assert archive.suffix == suffix  # a JDK 25+ keeps an AOT cache, an older one a class-data archive
+    assert use not in spark.session._java_options()  # none recorded yet: plain JVM
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"recorded")
-    assert f"-XX:SharedArchiveFile={archive}" in spark.session._java_options()
-    monkeypatch.setenv(spark.CDS_DUMP_ENV, str(tmp_path / "training.jsa"))  # the training run records
-    assert f"-XX:ArchiveClassesAtExit={tmp_path / 'training.jsa'}" in spark.session._java_options()
+    assert f"-XX:{use}={archive}" in spark.session._java_options()
+    monkeypatch.setenv(spark.CDS_DUMP_ENV, str(tmp_path / f"training{suffix}"))  # the training run records
+    assert f"-XX:{record}={tmp_path / f'training{suffix}'}" in spark.session._java_options()
+
+
+def test_a_local_driver_runs_on_the_newest_aot_capable_jdk_unless_java_home_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spark = pytest.importorskip("harness.verify.spark")
+    session = spark.session
+    monkeypatch.setattr(session, "JDK_ROOT", tmp_path)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    _fake_jdk(tmp_path, "java-17-openjdk-amd64", "17.0.15")
+    assert session.driver_java_home() is None  # no JDK 25+: the java on PATH
+    newest = _fake_jdk(tmp_path, "temurin-26-jdk-amd64", "26.0.1")
+    _fake_jdk(tmp_path, "temurin-25-jdk-amd64", "25.0.3")
+    assert session.driver_java_home() == session.driver_java_home("local[2]") == newest
+    assert session.driver_java_home("spark://127.0.0.1:7077") is None  # executors run their hosts' JVM
+    with session._driver_java(None):
+        assert os.environ["JAVA_HOME"] == str(newest)  # what spark-submit runs
+    assert "JAVA_HOME" not in os.environ  # and the process's own is back
+    chosen = tmp_path / "java-17-openjdk-amd64"
+    monkeypatch.setenv("JAVA_HOME", str(chosen))
+    assert session.driver_java_home() == session.driver_java_home("spark://h:7077") == chosen
 
 
 # Declared checks (issue 15): class -> the classes the verdict must name under DECLARED_CONTRACT.

@@ -9,6 +9,7 @@ kinds of session serve.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import re
@@ -58,17 +59,70 @@ SQL_CONF: dict[str, bool | float | int | str | None] = {
 }
 
 
-def class_archive() -> Path:
-    """Return where the driver's class-data archive lives (it may not exist yet).
+# A JDK of this version or newer keeps an AOT cache (JEP 483, 514 and 515): the classes a training
+# run loaded and linked, and the profiles of the methods it ran, so a new driver's JIT compiles its
+# hot methods sooner. A cold `txchaos verify` (Spark 4.3, interleaved runs), against JDK 17 with a
+# class-data archive: 105M events, job 20.7-21.3 -> 18.8-19.1 s; 10.5M events, the same within the
+# spread (6.4-7.2 s); the JVM start alike (docs/benchmarks.md).
+AOT_MIN_JAVA = 25
+JDK_ROOT = Path("/usr/lib/jvm")  # where Debian's and Temurin's packages put their JDKs
+
+
+def java_version(home: Path) -> int:
+    """Return the major version of the JDK at ``home`` from its ``release`` file (0 when unknown)."""
+    release = home / "release"
+    text = release.read_text(errors="replace") if release.is_file() else ""
+    match = re.search(r'^JAVA_VERSION="(\d+)', text, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def driver_java_home(master: str | None = None) -> Path | None:
+    """Return the JDK a driver this process starts runs on: ``JAVA_HOME`` when set (the user's
+    choice); else, for a local master, the newest JDK of ``AOT_MIN_JAVA`` or newer under
+    ``JDK_ROOT``; else None (the ``java`` on PATH). A cluster's executors run the JVM of their
+    hosts, so a driver for ``spark://`` keeps the machine's default."""
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"])
+    if master is not None and not LOCAL_MASTER.fullmatch(master):
+        return None
+    homes = [h for h in JDK_ROOT.glob("*") if (h / "bin" / "java").is_file() and not h.is_symlink()]
+    able = sorted((java_version(h), h.name, h) for h in homes if java_version(h) >= AOT_MIN_JAVA)
+    return able[-1][2] if able else None
+
+
+def _java_binary(home: Path | None) -> Path:
+    found = home / "bin" / "java" if home else None
+    return (found if found and found.exists() else Path(shutil.which("java") or "java")).resolve()
+
+
+def class_archive(master: str | None = None) -> Path:
+    """Return where the driver's class archive lives (it may not exist yet): an AOT cache (``.aot``)
+    for a JDK of ``AOT_MIN_JAVA`` or newer, a class-data archive (``.jsa``) for an older one.
 
     Named by the pyspark version and the java binary, so a new JDK or pyspark gets a new archive.
     """
-    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else None
-    found = java if java and java.exists() else Path(shutil.which("java") or "java")
-    real = found.resolve()
+    real = _java_binary(driver_java_home(master))
     stamp = f"{real}:{real.stat().st_mtime_ns if real.exists() else 0}:{metadata.version('pyspark')}"
     key = hashlib.sha256(stamp.encode()).hexdigest()[:12]
-    return cache_root() / "spark" / f"driver-{key}.jsa"
+    aot = java_version(real.parent.parent) >= AOT_MIN_JAVA
+    return cache_root() / "spark" / f"driver-{key}.{'aot' if aot else 'jsa'}"
+
+
+@contextmanager
+def _driver_java(master: str | None) -> Iterator[None]:
+    """Give the driver JVM started inside the block ``driver_java_home``'s JDK (spark-submit runs
+    ``$JAVA_HOME/bin/java``); the process's own ``JAVA_HOME`` is back as it was after it."""
+    home = driver_java_home(master)
+    saved = os.environ.get("JAVA_HOME")
+    if home is not None:
+        os.environ["JAVA_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("JAVA_HOME", None)
+        else:
+            os.environ["JAVA_HOME"] = saved
 
 
 # The driver's log4j configuration when the CLI is not asked to be verbose: errors only, so a
@@ -89,22 +143,32 @@ def quiet_log_config() -> Path:
     return path
 
 
-def _java_options(*, verbose: bool = True, one_shot: bool = False) -> str:
+def _java_options(*, verbose: bool = True, one_shot: bool = False, master: str | None = None) -> str:
     base = f"{JVM_OPTIONS} {ONE_SHOT_JVM_OPTIONS}" if one_shot else JVM_OPTIONS
     if not verbose:
         base += f" -Dlog4j2.configurationFile={quiet_log_config().as_uri()}"
+    archive = class_archive(master)
+    aot = archive.suffix == ".aot"
     dump = os.environ.get(CDS_DUMP_ENV)
     if dump:
-        return f"{base} -XX:ArchiveClassesAtExit={dump}"
-    archive = class_archive()
+        return f"{base} -XX:{'AOTCacheOutput' if aot else 'ArchiveClassesAtExit'}={dump}"
     if not archive.is_file():
         return base
     # a stale or foreign archive is ignored by the JVM; its warnings would only be noise
+    if aot:
+        return f"{base} -XX:AOTCache={archive} -Xlog:aot=off -Xlog:cds=off"
     return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def build_class_archive(events: int = 100_000) -> Path | None:
-    """Record the classes a verification loads into the class-data archive; return it (None on failure).
+# The training run's ledger: an AOT cache holds the profiles of what it ran, and those of 1M events
+# served the 10.5M-event cold job better than 100k events' (6.5-6.8 s against 6.9-7.2); the training
+# takes about 30 s either way, most of it the JVM writing the cache when it exits.
+TRAINING_EVENTS = 1_000_000
+
+
+def build_class_archive(events: int = TRAINING_EVENTS) -> Path | None:
+    """Record what a verification's driver loads (and, with an AOT cache, the profiles of what it
+    runs) into ``class_archive``; return it (None on failure).
 
     One training run (a small synthetic ledger) in a child process; the JVM writes the archive
     when it exits, and only a complete one is moved into place. Every later driver JVM maps it
@@ -115,7 +179,7 @@ def build_class_archive(events: int = 100_000) -> Path | None:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="txchaos-cds-") as tmp:
-        dump = Path(tmp) / "driver.jsa"
+        dump = Path(tmp) / f"driver{archive.suffix}"
         code = (
             "import sys; from pathlib import Path; from harness.ledger.synth import synth_run; "
             "from harness.verify.cli import verify_run; "
@@ -193,17 +257,17 @@ def spark_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.default.parallelism", str(2 * (os.cpu_count() or 2)))
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose, one_shot=one_shot))
+        .config("spark.driver.extraJavaOptions", _java_options(verbose=verbose, one_shot=one_shot, master=master))
         .config("spark.executor.memory", executor_memory)
         .config("spark.sql.warehouse.dir", _warehouse())
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config(map=SQL_CONF)
     )
-    if verbose or SparkSession.getActiveSession() is not None:
+    if SparkSession.getActiveSession() is not None:
         session = builder.getOrCreate()
     else:
-        with _jvm_stderr_to_log():
+        with _driver_java(master), contextlib.nullcontext() if verbose else _jvm_stderr_to_log():
             session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -269,7 +333,8 @@ def _jvm_stderr_to_log() -> Iterator[None]:
 def bare_start() -> None:
     """Start a default ``local[*]`` session, run one trivial job and stop: the benchmark's floor for
     what any PySpark verification pays before it reads a byte."""
-    session = SparkSession.builder.master("local[*]").getOrCreate()
+    with _driver_java("local[*]"):  # the JDK a verification's driver runs on, without its archive
+        session = SparkSession.builder.master("local[*]").getOrCreate()
     try:
         session.range(1).count()
     finally:
