@@ -86,8 +86,8 @@ def driver_java_home(master: str | None = None) -> Path | None:
     if master is not None and not LOCAL_MASTER.fullmatch(master):
         return None
     homes = [h for h in JDK_ROOT.glob("*") if (h / "bin" / "java").is_file() and not h.is_symlink()]
-    able = sorted((java_version(h), h.name, h) for h in homes if java_version(h) >= AOT_MIN_JAVA)
-    return able[-1][2] if able else None
+    newest = max(((java_version(h), h.name, h) for h in homes), default=None)
+    return newest[2] if newest is not None and newest[0] >= AOT_MIN_JAVA else None
 
 
 def _java_binary(home: Path | None) -> Path:
