@@ -60,6 +60,26 @@ class MachineRun(Protocol):
 S = TypeVar("S", bound=MachineRun)
 
 
+class SearchOver(BaseException):
+    """End a search whose counterexample Hypothesis dropped; the message is that failure's.
+
+    A BaseException, as KeyboardInterrupt is, so that Hypothesis does not take it for a failure
+    of the test and go on; ``search.find_counterexample`` catches it.
+    """
+
+
+def _overran() -> bool:
+    """Return whether Hypothesis already concluded the running example (it ran out of choices)."""
+    from hypothesis.control import current_build_context
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        data = getattr(current_build_context(), "data", None)
+    except InvalidArgument:  # not inside a Hypothesis example
+        return False
+    return bool(getattr(data, "frozen", False))
+
+
 class MachineBase(RuleBasedStateMachine, Generic[S]):
     """Drive one run per example of ``spec`` against ``endpoints`` (class attributes, set by ``bind``)."""
 
@@ -80,12 +100,20 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     # the rest of the examples are Hypothesis shrinking it.
     found_at: ClassVar[tuple[int, float] | None] = None
     started_at: ClassVar[float | None] = None
+    # A failure Hypothesis dropped: one raised in the teardown of an example that had run out of
+    # choices (an overrun: its StopTest came first). The run was real and its folder replays it.
+    dropped: ClassVar[str | None] = None
+    # Whether the example after a dropped failure ends the search (``SearchOver``): a search that
+    # does not shrink has nothing left to find (``search.find_counterexample`` sets it).
+    stop_on_dropped: ClassVar[bool] = False
     # A machine's own per-class state and its starting values, e.g. ``{"first_failure": None}``.
     own_state: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
+        if cls.stop_on_dropped and cls.dropped is not None:
+            raise SearchOver(cls.dropped)
         cls.examples += 1
         if cls.started_at is None:
             cls.started_at = time.monotonic()
@@ -109,6 +137,8 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
             "fired": {},
             "found_at": None,
             "started_at": None,
+            "dropped": None,
+            "stop_on_dropped": False,
         }
         return {**counters, **copy.deepcopy(cls.own_state)}
 
@@ -198,6 +228,8 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         cls = type(self)
         if cls.found_at is None and cls.started_at is not None:
             cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
+        if cls.dropped is None and _overran():
+            cls.dropped = message
         self.remember(message, result)
         raise AssertionError(message)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import Phase, settings
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from harness.machines.base import MachineBase
+from harness.machines.base import MachineBase, SearchOver
 from harness.machines.profiles import profile
 from harness.machines.targets import Target
 from harness.stack.base import Endpoints
@@ -39,13 +39,26 @@ def hunt_settings(cap: int) -> settings:
 def find_counterexample(machine: type[RuleBasedStateMachine], search: settings) -> str:
     """Run ``machine`` under ``search``; return the text of the failure it found, or "".
 
+    A failure judged in the teardown of an example that had run out of choices never reaches
+    Hypothesis (its StopTest came first). The machine keeps it; a search that does not shrink ends
+    at the next example (``SearchOver``), one that shrinks goes on for a failure it can shrink, and
+    either returns the kept one when it ends without another.
+
     Hypothesis runs a failing example once more to report it. Against real services that replay
     may meet other timing (a trap that fired first no longer does) and pass; Hypothesis then raises
     FlakyFailure around the first failure. That first failure is the counterexample, with its run
     folder, seed and steps, so it is returned as if the replay had failed too.
     """
+    if issubclass(machine, MachineBase):
+        machine.stop_on_dropped = Phase.shrink not in search.phases
     try:
         run_state_machine_as_test(machine, settings=search)
+    except (SearchOver, FlakyStrategyDefinition) as stop:
+        over = _search_over(stop)
+        if over is None:
+            raise
+        log.info("%s: Hypothesis dropped a failing example that ran out of choices; reporting it", machine.__name__)
+        return str(over)
     except AssertionError as failure:
         return str(failure)
     except FlakyFailure as flaky:
@@ -57,7 +70,20 @@ def find_counterexample(machine: type[RuleBasedStateMachine], search: settings) 
             first = first.exceptions[0]
         log.info("%s: the counterexample passed on Hypothesis's replay; reporting the first failure", machine.__name__)
         return str(first)
-    return ""
+    dropped = machine.dropped if issubclass(machine, MachineBase) else None
+    return dropped or ""
+
+
+def _search_over(error: BaseException) -> SearchOver | None:
+    """Return the ``SearchOver`` that ``error`` is or was raised while handling, if any.
+
+    Hypothesis sees the example that raised it stop drawing before the ones it had seen, and
+    raises FlakyStrategyDefinition while handling it.
+    """
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, SearchOver):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 def hunt(machine: type[MachineBase[Any]], cap: int) -> str:

@@ -53,6 +53,9 @@ class ServiceMachine(NetworkMachine[RunSession]):
     # Off by default: a kill at a random moment makes a counterexample that replays differently
     # (Hypothesis then cannot shrink it); the traps kill at a named point, the same on every replay.
     random_kills: ClassVar[bool] = False
+    # Whether this example armed a freeze: before one, ``thaw`` has nothing to continue, and a
+    # step spent on it is a step not spent on a trap (a search once drew five thaws in a row).
+    armed_freeze = False
 
     def open_session(self, spec: ScenarioSpec) -> RunSession:
         if spec.service is not None:  # frozen instances hold the example up: thaw them sooner
@@ -84,11 +87,13 @@ class ServiceMachine(NetworkMachine[RunSession]):
             self.do(Arm(Crash(point, nth=self.instances.traps.hits(point) + 1, action=action)))
         else:
             self.do(Arm(Crash(point, action=action), at=len(self.run.ops)))
+        self.armed_freeze = self.armed_freeze or action == "freeze"
         self.do(Submit(1))
 
+    @precondition(lambda self: self.armed_freeze)
     @rule()
     def thaw(self) -> None:
-        """Continue every frozen instance (a no-op when none is frozen)."""
+        """Continue every frozen instance (once a freeze was armed; a no-op when none is frozen now)."""
         self._step("thaw()")
         self.do(Thaw())
 

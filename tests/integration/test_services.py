@@ -159,8 +159,11 @@ def test_the_service_state_machine_finds_each_naive_variant(name: str, txchaos_s
     # Found, not shrunk: shrinking a service's counterexample costs minutes of real runs; the
     # benchmark (`txchaos bench services`) times the search and shows the shrunk program.
     machine = service_machine(EX.scenario(name, "naive", messages=1, timeout_s=20), txchaos_stack)
-    # Each finds it within 3-12 examples here (node, 12 tries); 60 leaves room for a slow machine.
-    search = settings(profile(), max_examples=60, database=None, phases=[Phase.generate])
+    # go found it within 5-48 examples in seven searches here (Hypothesis's first examples repeat
+    # one draw, five pg_before_commit kills); CI once ran 67 without a failure Hypothesis kept, as
+    # it drops one judged after its example ran out of choices (the search reports it now). The cap
+    # only bounds a miss: a search stops at its first counterexample.
+    search = settings(profile(), max_examples=120, database=None, phases=[Phase.generate])
     found = find_counterexample(machine, search)
     if not found:  # say what the search did, so a miss can be told from traps that never fired
         pytest.fail(f"no counterexample in {machine.examples} examples; {machine.fired_summary()}")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from harness.errors import ConfigError
@@ -298,3 +299,59 @@ class _Holds(RuleBasedStateMachine):
 
 def test_a_search_that_finds_nothing_returns_no_text() -> None:
     assert find_counterexample(_Holds, settings(max_examples=3, database=None, deadline=None)) == ""
+
+
+class _Overruns(Judged):
+    """An example that draws ``big`` runs out of choices in its step, and its run is judged lost."""
+
+    big = False
+
+    @rule(data=st.data())
+    def submit(self, data: st.DataObject) -> None:
+        self._step("submit(1)")
+        self.big = self.big or data.draw(st.booleans(), label="big")
+        if self.big:
+            for _ in range(9):  # more than an example may draw (8 KiB)
+                data.draw(st.binary(min_size=1_000, max_size=1_000))
+
+    def judge(self, result: RunResult) -> str | None:
+        return "ANOMALIES: lost=1 [op1]" if self.big else None
+
+
+def _overrun_search(*phases: Phase) -> settings:
+    return settings(
+        max_examples=15,
+        database=None,
+        deadline=None,
+        phases=phases,
+        stateful_step_count=2,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def test_hypothesis_drops_a_failure_judged_after_its_example_ran_out_of_choices() -> None:
+    # The premise of what follows: the lost run fails its teardown, yet Hypothesis reports nothing
+    # (a service search in CI judged duplicates in such examples and ended "no counterexample").
+    machine = bind(_Overruns, _spec(), _endpoints(), "Dropped", "-", remembered=[])
+    run_state_machine_as_test(machine, settings=_overrun_search(Phase.generate))
+    assert machine.remembered, "an example drew big and failed its teardown"
+    assert machine.remembered[0].startswith("ANOMALIES: lost=1")
+    assert machine.dropped == machine.remembered[0]
+
+
+def test_a_search_that_does_not_shrink_ends_at_the_dropped_failure_and_reports_it() -> None:
+    machine = bind(_Overruns, _spec(), _endpoints(), "DroppedHunt", "-", remembered=[])
+    found = find_counterexample(machine, _overrun_search(Phase.generate))
+    assert found.startswith("ANOMALIES: lost=1")
+    assert "run folder: /tmp/run-x" in found
+    assert "steps: submit(1)" in found
+    failed_at = int(found.split("seed: ", 1)[1].split()[0])  # an example's seed is its number
+    assert machine.examples == failed_at, "no example ran after the one that failed"
+
+
+def test_a_search_that_shrinks_goes_on_and_still_reports_the_dropped_failure() -> None:
+    machine = bind(_Overruns, _spec(), _endpoints(), "DroppedShrink", "-", remembered=[])
+    found = find_counterexample(machine, _overrun_search(Phase.generate, Phase.shrink))
+    assert found.startswith("ANOMALIES: lost=1")
+    failed_at = int(found.split("seed: ", 1)[1].split()[0])
+    assert machine.examples > failed_at, "a search that shrinks looks on for a failure Hypothesis can shrink"
