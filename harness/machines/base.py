@@ -100,9 +100,9 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
     # the rest of the examples are Hypothesis shrinking it.
     found_at: ClassVar[tuple[int, float] | None] = None
     started_at: ClassVar[float | None] = None
-    # A failure Hypothesis dropped: one raised in the teardown of an example that had run out of
-    # choices (an overrun: its StopTest came first). The run was real and its folder replays it.
-    dropped: ClassVar[str | None] = None
+    # A failure Hypothesis dropped, with its steps: one raised in the teardown of an example that
+    # had run out of choices (an overrun: its StopTest came first). The run was real; its folder replays it.
+    dropped: ClassVar[tuple[str, list[str]] | None] = None
     # Whether the example after a dropped failure ends the search (``SearchOver``): a search that
     # does not shrink has nothing left to find (``search.find_counterexample`` sets it).
     stop_on_dropped: ClassVar[bool] = False
@@ -113,7 +113,7 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         super().__init__()
         cls = type(self)
         if cls.stop_on_dropped and cls.dropped is not None:
-            raise SearchOver(cls.dropped)
+            raise SearchOver(cls.dropped[0])
         cls.examples += 1
         if cls.started_at is None:
             cls.started_at = time.monotonic()
@@ -229,7 +229,7 @@ class MachineBase(RuleBasedStateMachine, Generic[S]):
         if cls.found_at is None and cls.started_at is not None:
             cls.found_at = (cls.examples, time.monotonic() - cls.started_at)
         if cls.dropped is None and _overran():
-            cls.dropped = message
+            cls.dropped = (message, list(cls.last_steps))
         self.remember(message, result)
         raise AssertionError(message)
 

@@ -70,8 +70,10 @@ def find_counterexample(machine: type[RuleBasedStateMachine], search: settings) 
             first = first.exceptions[0]
         log.info("%s: the counterexample passed on Hypothesis's replay; reporting the first failure", machine.__name__)
         return str(first)
-    dropped = machine.dropped if issubclass(machine, MachineBase) else None
-    return dropped or ""
+    if issubclass(machine, MachineBase) and machine.dropped is not None:
+        message, machine.last_steps = machine.dropped  # its steps, as after any failure
+        return message
+    return ""
 
 
 def _search_over(error: BaseException) -> SearchOver | None:

@@ -336,7 +336,8 @@ def test_hypothesis_drops_a_failure_judged_after_its_example_ran_out_of_choices(
     run_state_machine_as_test(machine, settings=_overrun_search(Phase.generate))
     assert machine.remembered, "an example drew big and failed its teardown"
     assert machine.remembered[0].startswith("ANOMALIES: lost=1")
-    assert machine.dropped == machine.remembered[0]
+    assert machine.dropped is not None
+    assert machine.dropped[0] == machine.remembered[0]
 
 
 def test_a_search_that_does_not_shrink_ends_at_the_dropped_failure_and_reports_it() -> None:
@@ -355,3 +356,4 @@ def test_a_search_that_shrinks_goes_on_and_still_reports_the_dropped_failure() -
     assert found.startswith("ANOMALIES: lost=1")
     failed_at = int(found.split("seed: ", 1)[1].split()[0])
     assert machine.examples > failed_at, "a search that shrinks looks on for a failure Hypothesis can shrink"
+    assert found.endswith(f"steps: {' -> '.join(machine.last_steps)}"), "the steps are the failure's"
