@@ -3,7 +3,9 @@
 A segment line that is torn (no newline: the writer died inside its one ``write``) or otherwise
 unreadable is *damaged*: it is counted per segment and skipped alone, and the lines after it are
 read as usual. A torn write followed by the next event glues the two on one line; the event after
-the tear is recovered (every row starts with ``{"ts_ns":``).
+the tear is recovered (every row starts with ``{"ts_ns":``). A packed row (``schema.PACKED_COLUMNS``)
+is unpacked into its events; one that does not unpack whole (a list of the wrong length, a value of
+the wrong type) is a damaged line, all its events with it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -35,7 +38,7 @@ from harness.ledger.layout import (
     op_bucket_column,
     read_layout,
 )
-from harness.ledger.schema import ARROW_SCHEMA, COLUMNS
+from harness.ledger.schema import ARROW_SCHEMA, COLUMNS, PACKED_COLUMNS, PACKED_MAX
 
 PARQUET_NAME = "events.parquet"
 # The allocator Arrow chose when it loaded (mimalloc in the wheels). A live run's driver takes
@@ -56,21 +59,48 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    """Return one row, or None when the bytes are not a whole, well-typed ledger row."""
+def _well_typed(row: dict[str, Any]) -> bool:
+    for col, typ in _REQUIRED.items():
+        if not isinstance(row.get(col), typ) or isinstance(row.get(col), bool):
+            return False
+    for col, typ in _OPTIONAL.items():
+        if row.get(col) is not None and (not isinstance(row[col], typ) or isinstance(row[col], bool)):
+            return False
+    return True
+
+
+def unpacked(row: object) -> list[dict[str, Any]] | None:
+    """Return the events of one parsed segment line: the row itself, or a packed row's events (each
+    with every column); None when it is not a whole, well-typed ledger row."""
+    if not isinstance(row, dict):
+        return None
+    n = row.get("n")
+    if n is None:
+        return [row] if _well_typed(row) else None
+    if type(n) is not int or not 1 <= n <= PACKED_MAX or type(row.get("seq")) is not int:
+        return None
+    columns: dict[str, list[Any]] = {}
+    for col, plural in PACKED_COLUMNS.items():
+        values = row.get(plural)
+        if values is None:
+            columns[col] = [row.get(col)] * n
+        elif type(values) is list and len(values) == n and row.get(col) is None:
+            columns[col] = values
+        else:
+            return None
+    first = row["seq"]
+    alike = {c: row.get(c) for c in ("ts_ns", "src", "pid", "kind")}
+    rows = [alike | {"seq": first + i} | {col: values[i] for col, values in columns.items()} for i in range(n)]
+    return rows if all(_well_typed(r) for r in rows) else None
+
+
+def _parse(raw: bytes) -> list[dict[str, Any]] | None:
+    """Return the events of one line, or None when the bytes are not a whole, well-typed ledger row."""
     try:
         row = json.loads(raw)
     except ValueError:  # also UnicodeDecodeError
         return None
-    if not isinstance(row, dict):
-        return None
-    for col, typ in _REQUIRED.items():
-        if not isinstance(row.get(col), typ) or isinstance(row.get(col), bool):
-            return None
-    for col, typ in _OPTIONAL.items():
-        if row.get(col) is not None and (not isinstance(row[col], typ) or isinstance(row[col], bool)):
-            return None
-    return row
+    return unpacked(row)
 
 
 class _Region(io.RawIOBase):
@@ -108,20 +138,20 @@ def _region(path: Path, start: int = 0, end: int | None = None) -> io.BufferedRe
 
 
 def _rows(path: Path, start: int = 0, end: int | None = None) -> Iterator[dict[str, Any] | None]:
-    """Yield each readable row of one segment (bytes ``[start, end)``) in file order, and None for
+    """Yield each readable event of one segment (bytes ``[start, end)``) in file order, and None for
     each damaged line."""
     with _region(path, start, end) as fh:
         for raw in fh:
-            row = _parse(raw) if raw.endswith(b"\n") else None
-            if row is None:
+            rows = _parse(raw) if raw.endswith(b"\n") else None
+            if rows is None:
                 yield None
                 # a torn write and the next event on one line: keep the event after the tear
                 at = raw.rfind(ROW_START)
                 tail = _parse(raw[at:]) if at > 0 and raw.endswith(b"\n") else None
                 if tail is not None:
-                    yield tail
+                    yield from tail
                 continue
-            yield row
+            yield from rows
 
 
 def read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -137,7 +167,14 @@ def read_segment(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 _LOOSE = pa.schema([f.with_nullable(True) for f in ARROW_SCHEMA])  # what Arrow's reader fills, checked after
-_ARROW_JSON = pa_json.ParseOptions(explicit_schema=_LOOSE, unexpected_field_behavior="ignore")
+# ... and what a packed row adds: its count and each packed column's list of values
+_PACKS = pa.schema(
+    [pa.field("n", pa.int64())]
+    + [pa.field(plural, pa.list_(ARROW_SCHEMA.field(col).type)) for col, plural in PACKED_COLUMNS.items()]
+)
+_ARROW_JSON = pa_json.ParseOptions(
+    explicit_schema=pa.unify_schemas([_LOOSE, _PACKS]), unexpected_field_behavior="ignore"
+)
 _BLOCK_BYTES = 4 << 20  # Arrow parses this many bytes at a time (about 13,000 events; its parse holds ~35x)
 CHUNK_ROWS = 200_000  # the line reader's chunk: memory stays bounded on a damaged segment of any size
 
@@ -147,13 +184,51 @@ def _rows_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def _checked(table: pa.Table) -> pa.Table | None:
-    """Return Arrow's parse of a block as the ledger schema, or None when a row is not well-typed."""
+    """Return Arrow's parse of a block as the ledger schema, its packed rows unpacked, or None when a
+    row is not well-typed or a packed row does not unpack whole."""
+    counts = table.column("n")
+    if counts.null_count < len(counts):
+        packed = pc.is_valid(counts)
+        events = _unpack(table.filter(packed))
+        if events is None:
+            return None
+        table = pa.concat_tables([table.filter(pc.invert(packed)).select(list(COLUMNS)), events])
     if any(table.column(c).null_count for c in _REQUIRED):
         return None
     try:
         return table.select(list(COLUMNS)).cast(ARROW_SCHEMA)
     except (pa.ArrowInvalid, ValueError):
         return None
+
+
+def _unpack(packs: pa.Table) -> pa.Table | None:
+    """Return the events of ``packs`` (packed rows only, as Arrow parsed them) in the loose schema, or
+    None when one does not unpack whole."""
+    packs = packs.combine_chunks()
+    n = packs.column("n").to_numpy()
+    if n.min() < 1 or n.max() > PACKED_MAX or packs.column("seq").null_count:
+        return None
+    parent = np.repeat(np.arange(len(n)), n)
+    pos = np.arange(len(parent)) - (np.cumsum(n) - n)[parent]
+    taken = pa.array(parent)
+    columns = {c: packs.column(c).take(taken) for c in ("ts_ns", "src", "pid", "kind")}
+    columns["seq"] = pc.add(packs.column("seq").take(taken), pa.array(pos))
+    for col, plural in PACKED_COLUMNS.items():
+        once = packs.column(col).chunk(0).take(taken)
+        lists = packs.column(plural).chunk(0)
+        if lists.null_count == len(lists):
+            columns[col] = once
+            continue
+        given = lists.is_valid().to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+        twice = given & packs.column(col).chunk(0).is_valid().to_numpy(zero_copy_only=False)
+        if (given & (lengths != n)).any() or twice.any():
+            return None  # a list of the wrong length, or a column given once and as a list
+        at = lists.offsets.to_numpy()[:-1][parent] + pos
+        listed = given[parent]
+        values = lists.values.take(pa.array(at, mask=~listed))
+        columns[col] = pc.if_else(pa.array(listed), values, once)
+    return pa.table(columns).select(list(COLUMNS))
 
 
 def _line_chunks(path: Path, skip: int, start: int, end: int | None) -> Iterator[tuple[pa.Table, int]]:

@@ -21,7 +21,12 @@ offset        int64      Kafka offset
 detail        string     JSON object with anything else
 ============  =========  ==============================================================
 
-Segments are JSON lines (one file per writer process, see ``writer.py``); ``compact`` turns them
+Segments are JSON lines (one file per writer process, see ``writer.py``), a row each event or a
+*packed row* for ``n`` events of one kind written at once (a worker's batch, the books' snapshot):
+``ts_ns``, ``src``, ``pid`` and ``kind`` are theirs alike, ``seq`` is the first one's (the others
+follow it), and each column of ``PACKED_COLUMNS`` is given once, under its own name, when every
+event has the same value, or as a list of ``n`` values under its plural (``"ops": [...]``). Readers
+unpack them (``reader.unpacked``, and in Arrow ``reader.segment_chunks``). ``compact`` turns them
 into ``events.parquet/``: hash buckets of ``op`` sorted by (op, ts_ns), with the extra columns
 ``op_bucket``, ``op_id`` and ``kind_code`` (see ``layout.py``), so engines group by operation
 without a shuffle and by integers.
@@ -136,6 +141,19 @@ ARROW_SCHEMA = pa.schema(
 )
 
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
+# The columns a packed row gives once or as a list of values, one per event, under the plural.
+PACKED_COLUMNS: dict[str, str] = {
+    "op": "ops",
+    "msg": "msgs",
+    "stage": "stages",
+    "dest": "dests",
+    "attempt": "attempts",
+    "point": "points",
+    "partition": "partitions",
+    "offset": "offsets",
+    "detail": "details",
+}
+PACKED_MAX = 1 << 16  # the most events a packed row holds: a larger ``n`` is damage, not a row
 OPTIONAL_COLUMNS: tuple[str, ...] = ("op", "msg", "stage", "dest", "attempt", "point", "partition", "offset")
 
 

@@ -4,7 +4,8 @@ The driver reads what the workers wrote while the flow still runs (for example, 
 message a killed worker held has been redelivered and committed yet). Each segment is read from
 where the previous call stopped; a line is taken only once it is complete. A complete line that is
 not JSON (a torn write the next event was appended to) is counted in ``damaged`` and skipped,
-as the reader does; it must not stop the driver that follows the run.
+as the reader does; it must not stop the driver that follows the run. A packed row yields its
+events (``reader.unpacked``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from harness.ledger.reader import unpacked
 
 _KIND = b'"kind":"'  # how LedgerWriter writes every event's kind
 
@@ -62,8 +65,13 @@ class LedgerTail:
                 except ValueError:
                     self.damaged += 1
                     continue
-                if kinds is None or row.get("kind") in kinds:
-                    yield row
+                rows = unpacked(row) if isinstance(row, dict) and "n" in row else [row]
+                if rows is None:  # a packed row that does not unpack whole
+                    self.damaged += 1
+                    continue
+                for one in rows:
+                    if kinds is None or one.get("kind") in kinds:
+                        yield one
 
 
 def _lines_of(kinds: Collection[str]) -> re.Pattern[bytes]:

@@ -21,12 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from harness.jsontext import dumps_sorted
-from harness.ledger.schema import Kind
+from harness.ledger.schema import PACKED_COLUMNS, Kind
 
 _ROW = json.JSONEncoder(separators=(",", ":"))
 _EMPTY_DETAIL = '"{}"'
 BATCH_BYTES = 1 << 20  # a batch writes what it holds once it holds this much
-_OPS_CHUNK = 4_096  # rows ``emit_ops`` formats and writes at a time (about 1 MB)
+PACK_EVENTS = 2_048  # the most events one packed row holds (a Kafka batch's deliveries: about 300 KB)
+_list = json.JSONEncoder(separators=(",", ":")).encode  # a list of text or numbers, in C
+
+
+def _attempts(values: Sequence[int | None]) -> list[str]:
+    return [_field(a) for a in values]
+
+
+def _column(name: str, texts: Sequence[str]) -> str:
+    """Return a packed row's ``name`` column from its values as JSON text: once when every event's is
+    the same, else the list of them under its plural."""
+    if texts.count(texts[0]) == len(texts):
+        return f'"{name}":{texts[0]}'
+    return f'"{PACKED_COLUMNS[name]}":[{",".join(texts)}]'
 
 
 def _field(value: object) -> str:
@@ -123,22 +136,103 @@ class DetailForm:
 
 
 class Subject:
-    """The columns an event shares with the other events about its message, as ``LedgerWriter``
-    writes them: from ``op`` to the name of ``attempt`` (``head``), and from ``partition`` to the
-    name of ``detail`` (``tail``)."""
+    """The columns an event shares with the other events about its message (``op`` to ``dest``,
+    ``partition`` and ``offset``), as ``LedgerWriter.subject`` takes them.
 
-    __slots__ = ("head", "tail")
+    Each is formatted as JSON once for all the events about the message (``texts``): a packed row
+    takes each value's text, a row of its own the text from ``op`` to the name of ``attempt``
+    (``head``) and from ``partition`` to the name of ``detail`` (``tail``), made when first needed.
+    """
 
-    def __init__(self, head: str, tail: str) -> None:
-        self.head, self.tail = head, tail
+    __slots__ = ("_head", "_tail", "dest", "msg", "offset", "op", "partition", "stage", "texts")
+
+    def __init__(
+        self,
+        op: str | None,
+        msg: str | None,
+        stage: str | None,
+        dest: str | None,
+        partition: int | None,
+        offset: int | None,
+    ) -> None:
+        self.op, self.msg, self.stage, self.dest, self.partition, self.offset = op, msg, stage, dest, partition, offset
+        # op, msg, partition and offset as JSON text: every event about the message takes them
+        self.texts = (_field(op), _field(msg), _field(partition), _field(offset))
+        self._head: str | None = None
+        self._tail: str | None = None
+
+    @property
+    def head(self) -> str:
+        if self._head is None:
+            op, msg, _, _ = self.texts
+            self._head = f',"op":{op},"msg":{msg},"stage":{_field(self.stage)},"dest":{_field(self.dest)},"attempt":'
+        return self._head
+
+    @property
+    def tail(self) -> str:
+        if self._tail is None:
+            _, _, partition, offset = self.texts
+            self._tail = f',"partition":{partition},"offset":{offset},"detail":'
+        return self._tail
+
+
+class _About:
+    """An event ``emit_about`` made inside a batch, formatted when the batch is written: a run of
+    them alike (``_runs``) goes as one packed row."""
+
+    __slots__ = ("attempt", "info", "kind", "point", "seq", "subject", "ts")
+
+    def __init__(
+        self, kind: Kind, subject: Subject, attempt: int | None, point: str | None, info: str, seq: int, ts: int
+    ) -> None:
+        self.kind, self.subject, self.attempt, self.point, self.info, self.seq, self.ts = (
+            kind,
+            subject,
+            attempt,
+            point,
+            info,
+            seq,
+            ts,
+        )
+
+
+_ABOUT_BYTES = 200  # what a held ``_About`` counts towards ``BATCH_BYTES`` (an event's row is about as long)
 
 
 class _Held:
-    """The rows a batch holds and their size in bytes."""
+    """The rows a batch holds (written, or events to format) and about their size in bytes."""
 
     def __init__(self) -> None:
-        self.rows: list[bytes] = []
+        self.rows: list[bytes | _About] = []
         self.size = 0
+
+
+def _runs(rows: list[bytes | _About]) -> Iterator[bytes | list[_About]]:
+    """Yield a batch's rows in order, its held events grouped in runs that one packed row can hold:
+    of one kind, point, stage and destination, their sequence numbers consecutive."""
+    run: list[_About] = []
+    for row in rows:
+        if isinstance(row, bytes):
+            if run:
+                yield run
+                run = []
+            yield row
+            continue
+        if run:
+            last = run[-1]
+            if (
+                row.seq == last.seq + 1
+                and row.kind == last.kind
+                and row.point == last.point
+                and row.subject.stage == last.subject.stage
+                and row.subject.dest == last.subject.dest
+            ):
+                run.append(row)
+                continue
+            yield run
+        run = [row]
+    if run:
+        yield run
 
 
 class LedgerWriter:
@@ -171,11 +265,8 @@ class LedgerWriter:
         partition: int | None = None,
         offset: int | None = None,
     ) -> Subject:
-        """Return the columns every event about one message shares, formatted once for ``emit_about``."""
-        return Subject(
-            f',"op":{_field(op)},"msg":{_field(msg)},"stage":{_field(stage)},"dest":{_field(dest)},"attempt":',
-            f',"partition":{_field(partition)},"offset":{_field(offset)},"detail":',
-        )
+        """Return the columns every event about one message shares, for ``emit_about`` and ``emit_each``."""
+        return Subject(op, msg, stage, dest, partition, offset)
 
     def shared(self, **detail: Any) -> Detail:
         """Return ``Detail(**detail)``, remembered: the same detail again is not formatted again.
@@ -237,7 +328,17 @@ class LedgerWriter:
         if shared is not None and detail:
             raise TypeError(f"{', '.join(sorted(detail))}: give the detail as shared= or as keywords, not both")
         info = shared.text if shared is not None else _detail_text(detail)
-        self._append(kind, subject.head, attempt, point, subject.tail, info)
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None:
+            self._append(kind, subject.head, attempt, point, subject.tail, info)
+            return
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+        held.rows.append(_About(kind, subject, attempt, point, info, seq, time.time_ns()))
+        held.size += _ABOUT_BYTES
+        if held.size >= BATCH_BYTES:
+            self._release(held)
 
     def _append(self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, info: str) -> None:
         # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
@@ -266,12 +367,14 @@ class LedgerWriter:
         details: Sequence[Detail] | None = None,
         attempts: Sequence[int | None] | None = None,
     ) -> None:
-        """Append one ``kind`` event per subject, the ``i``-th row exactly as ``emit_about(kind,
-        subjects[i], attempt=attempts[i], shared=details[i] or shared)`` writes it; the rows share
+        """Append one ``kind`` event per subject, the ``i``-th the event ``emit_about(kind,
+        subjects[i], attempt=attempts[i], shared=details[i] or shared)`` writes; the events share
         one ``ts_ns`` and are one write (or join the open ``batch``).
 
-        For the events a worker writes about every record of a batch: a loop of ``emit_about``
-        calls paid a call, a lock and a clock read per row.
+        For the events a worker writes about every record of a batch: they go as packed rows
+        (``schema.PACKED_COLUMNS``) of at most ``PACK_EVENTS`` events, each column's values one JSON
+        list (encoded in C) or one value when all events share it. Subjects of more than one stage
+        or destination go a row each.
         """
         n = len(subjects)
         if shared is not None and details is not None:
@@ -280,22 +383,28 @@ class LedgerWriter:
             infos = [d.text for d in details]
         else:
             infos = [shared.text if shared is not None else _EMPTY_DETAIL] * n
-        tries = ["null"] * n if attempts is None else [_field(a) for a in attempts]
+        tries: list[int | None] = [None] * n if attempts is None else list(attempts)
         if not len(infos) == len(tries) == n:
             raise ValueError(f"{n} subjects, {len(infos)} details and {len(tries)} attempts: one each")
         if not n:
             return
-        kind_text = f',"kind":{_kind(kind)}'
+        stage, dest = subjects[0].stage, subjects[0].dest
+        alike = n > 1 and all(s.stage == stage and s.dest == dest for s in subjects)
         with self._lock:
             first = self._seq
             self._seq += n
-            head = f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":'
-            data = "".join(
-                [
-                    f'{head}{seq}{kind_text}{s.head}{a},"point":null{s.tail}{i}}}\n'
-                    for seq, s, a, i in zip(range(first, first + n), subjects, tries, infos, strict=True)
-                ]
-            ).encode()
+            ts = time.time_ns()
+            if alike:
+                data = self._packed(ts, first, kind, None, subjects, tries, infos).encode()
+            else:
+                head = f'{{"ts_ns":{ts},"src":{self._src},"pid":{self.pid},"seq":'
+                kind_text = f',"kind":{_kind(kind)}'
+                data = "".join(
+                    [
+                        f'{head}{seq}{kind_text}{s.head}{_field(a)},"point":null{s.tail}{i}}}\n'
+                        for seq, s, a, i in zip(range(first, first + n), subjects, tries, infos, strict=True)
+                    ]
+                ).encode()
             held: _Held | None = getattr(self._local, "held", None)
             if held is None:
                 self._write(data)
@@ -303,32 +412,86 @@ class LedgerWriter:
         self._hold(held, data)
 
     def emit_ops(self, kind: Kind, ops: Iterable[str], *, dest: str | None = None) -> None:
-        """Append one ``kind`` event per operation in ``ops``, each row exactly as ``emit(kind,
-        op=op, dest=dest)`` writes it (a chunk of rows shares its ``ts_ns``).
+        """Append one ``kind`` event per operation in ``ops``, each the event ``emit(kind, op=op,
+        dest=dest)`` writes, as packed rows of ``PACK_EVENTS`` events (a row's events share their
+        ``ts_ns``).
 
-        For the books' snapshots at the close: a million-operation soak's effect table is a million
-        rows, and formatting only what differs between them (the sequence number and the op) takes
-        about a quarter of the time ``emit`` takes per row. Inside a ``batch`` the rows join what it
-        holds; outside one each chunk of about 1 MB is one write.
+        For the books' snapshots at the close and the driver's submissions: a million-operation
+        soak's effect table is a million rows, and a packed row costs an event little more than its
+        op's text. Inside a ``batch`` the rows join what it holds; outside one each is one write.
         """
-        tail = (
-            f',"msg":null,"stage":null,"dest":{_field(dest)},"attempt":null,"point":null,'
-            f'"partition":null,"offset":null,"detail":{_EMPTY_DETAIL}}}\n'
-        )
-        kind_op = f',"kind":{_kind(kind)},"op":'
+        fixed = f',"kind":{_kind(kind)},"dest":{_field(dest)},"detail":{_EMPTY_DETAIL},"n":'
         rows = iter(ops)
-        while chunk := list(itertools.islice(rows, _OPS_CHUNK)):
+        while chunk := list(itertools.islice(rows, PACK_EVENTS)):
             with self._lock:
                 first = self._seq
                 self._seq += len(chunk)
-            head = f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":'
-            data = "".join([f"{head}{seq}{kind_op}{_quote(op)}{tail}" for seq, op in enumerate(chunk, first)]).encode()
+            data = (
+                f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{first}'
+                f'{fixed}{len(chunk)},"ops":{_list(chunk)}}}\n'
+            ).encode()
             held: _Held | None = getattr(self._local, "held", None)
             if held is None:
                 with self._lock:
                     self._write(data)
             else:
                 self._hold(held, data)
+
+    def _packed(
+        self,
+        ts: int,
+        first: int,
+        kind: Kind,
+        point: str | None,
+        subjects: Sequence[Subject],
+        tries: Sequence[int | None],
+        infos: Sequence[str],
+    ) -> str:
+        """Return packed rows (``schema.PACKED_COLUMNS``) of at most ``PACK_EVENTS`` events for
+        ``subjects`` (of one stage and destination), the first with sequence number ``first``."""
+        fixed = (
+            f',"kind":{_kind(kind)},"stage":{_field(subjects[0].stage)},"dest":{_field(subjects[0].dest)},'
+            f'"point":{_field(point)},"n":'
+        )
+        head = f'{{"ts_ns":{ts},"src":{self._src},"pid":{self.pid},"seq":'
+        rows = []
+        for lo in range(0, len(subjects), PACK_EVENTS):
+            part = subjects[lo : lo + PACK_EVENTS]
+            hi = lo + len(part)
+            ops, msgs, partitions, offsets = zip(*[s.texts for s in part], strict=True)
+            attempts = tries[lo:hi]
+            columns = (
+                _column("op", ops),
+                _column("msg", msgs),
+                _column("partition", partitions),
+                _column("offset", offsets),
+                '"attempt":null' if attempts.count(None) == len(attempts) else _column("attempt", _attempts(attempts)),
+                _column("detail", infos[lo:hi]),
+            )
+            rows.append(f"{head}{first + lo}{fixed}{len(part)},{','.join(columns)}}}\n")
+        return "".join(rows)
+
+    def _formatted(self, rows: list[bytes | _About]) -> bytes:
+        """Return a batch's held rows as bytes: each run of held events alike (``_runs``) as packed rows."""
+        out: list[bytes] = []
+        for run in _runs(rows):
+            if isinstance(run, bytes):
+                out.append(run)
+            elif len(run) == 1:
+                e = run[0]
+                s = e.subject
+                out.append(
+                    (
+                        f'{{"ts_ns":{e.ts},"src":{self._src},"pid":{self.pid},"seq":{e.seq},"kind":{_kind(e.kind)}'
+                        f'{s.head}{_field(e.attempt)},"point":{_field(e.point)}{s.tail}{e.info}}}\n'
+                    ).encode()
+                )
+            else:
+                e = run[0]
+                subjects = [a.subject for a in run]
+                tries = [a.attempt for a in run]
+                out.append(self._packed(e.ts, e.seq, e.kind, e.point, subjects, tries, [a.info for a in run]).encode())
+        return b"".join(out)
 
     def _hold(self, held: _Held, data: bytes) -> None:
         """Add ``data`` to this thread's open batch; write what it holds once that is ``BATCH_BYTES``."""
@@ -346,8 +509,9 @@ class LedgerWriter:
         """Write a batch's held rows in one call."""
         rows, held.rows, held.size = held.rows, [], 0
         if rows:
+            data = self._formatted(rows)
             with self._lock:
-                self._write(b"".join(rows))
+                self._write(data)
 
     @contextmanager
     def batch(self) -> Iterator[None]:

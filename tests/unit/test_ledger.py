@@ -31,9 +31,11 @@ from harness.ledger.layout import (
     spark_hash_int,
     writer_counts,
 )
-from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segments
+from harness.ledger.reader import PARQUET_NAME, compact, read_ledger, read_segment, read_segments
+from harness.ledger.reader import _segment_table as reader_segment_table
 from harness.ledger.schema import COLUMNS, Kind
 from harness.ledger.synth import synth_run
+from harness.ledger.tail import LedgerTail
 from harness.ledger.writer import Detail, DetailForm, LedgerWriter
 
 KILL_SELF = """
@@ -323,13 +325,27 @@ def test_a_row_is_written_exactly_as_the_json_encoder_writes_the_row(tmp_path: P
     assert line == json.dumps(expected, separators=(",", ":")) + "\n"
 
 
+def _untimed(ledger: Path) -> list[dict[str, object]]:
+    """Return the ledger's events as they read back, in writing order, without their clock."""
+    events = read_segments(ledger).sort_by([("seq", "ascending")]).drop_columns(["ts_ns"])
+    return events.to_pylist()
+
+
+def _lines_read(ledger: Path) -> list[dict[str, object]]:
+    """Return the ledger's events as the line reader reads them (not Arrow's), in writing order, untimed."""
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    rows, damaged = read_segment(seg)
+    assert damaged == 0
+    return [{c: r.get(c) for c in COLUMNS if c != "ts_ns"} for r in sorted(rows, key=lambda r: r["seq"])]
+
+
 @pytest.mark.parametrize("in_batch", [False, True])
-def test_emit_ops_writes_each_row_as_emit_writes_it(
+def test_emit_ops_writes_the_events_emit_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_batch: bool
 ) -> None:
     from harness.ledger import writer
 
-    monkeypatch.setattr(writer, "_OPS_CHUNK", 3)  # several chunks
+    monkeypatch.setattr(writer, "PACK_EVENTS", 3)  # several packed rows
     ops = ["v-s0-op00000", 'quote" and \\ and é', "v-s0-op00002", "x", "y", "z", "last"]
     by_emit, by_ops = tmp_path / "emit", tmp_path / "ops"
     with LedgerWriter(by_emit, "drïver") as w:
@@ -343,10 +359,12 @@ def test_emit_ops_writes_each_row_as_emit_writes_it(
                 w.emit_ops(Kind.RESIDUE_EFFECT, iter(ops), dest="effects")
         else:
             w.emit_ops(Kind.RESIDUE_EFFECT, iter(ops), dest="effects")
-    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_emit, by_ops)]
-    untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
-    assert untimed[1] == untimed[0]
-    assert [json.loads(line)["seq"] for line in lines[1]] == list(range(len(ops) + 1))
+    lines = next((by_ops / "segments").glob("*.jsonl")).read_text().splitlines()
+    assert len(lines) == 1 + 3  # the event before, then packed rows of 3, 3 and 1
+    expected = _untimed(by_emit)
+    assert _untimed(by_ops) == expected
+    assert _lines_read(by_ops) == expected
+    assert [e["seq"] for e in expected] == list(range(len(ops) + 1))
 
 
 def test_a_batch_writes_its_events_in_one_call_when_it_ends(tmp_path: Path) -> None:
@@ -594,7 +612,7 @@ def test_a_detail_form_refuses_what_it_cannot_fill_in_alike() -> None:
         DetailForm(("index",), note="\x00txchaos-slot-0\x00")
 
 
-def test_events_emitted_each_at_once_are_the_rows_emit_about_writes(tmp_path: Path) -> None:
+def test_events_emitted_each_at_once_are_the_events_emit_about_writes(tmp_path: Path) -> None:
     columns = [
         {"op": f'op "{n}" é', "msg": f"in/2@{n}", "stage": "worker", "dest": "in", "partition": 2, "offset": n}
         for n in range(3)
@@ -608,6 +626,11 @@ def test_events_emitted_each_at_once_are_the_rows_emit_about_writes(tmp_path: Pa
             w.emit_about(Kind.DB_COMMIT, s)
         for s in about:
             w.emit_about(Kind.SEND, s, topic="out")
+        w.emit_about(Kind.SEND, about[0], topic="alone")
+        for s in about[:2]:
+            w.emit_about(Kind.BROKER_COMMIT, w.subject(op=s.op, stage="other"))
+        w.emit_about(Kind.BROKER_COMMIT, w.subject(op="one", stage="other", dest="here"))
+        w.emit_about(Kind.BROKER_COMMIT, w.subject(op="two", stage="other", dest="there"))
     with LedgerWriter(by_each, "worker-0") as w:
         about = [w.subject(**c) for c in columns]
         form = DetailForm(("index", "redelivered"))
@@ -617,11 +640,82 @@ def test_events_emitted_each_at_once_are_the_rows_emit_about_writes(tmp_path: Pa
             w.emit_each(Kind.DB_COMMIT, about)
             w.emit_each(Kind.SEND, about, shared=w.shared(topic="out"))
             w.emit_each(Kind.SEND, [])
+            w.emit_each(Kind.SEND, about[:1], shared=w.shared(topic="alone"))
+        # no partition, offset or message; then subjects of two destinations: a row each
+        w.emit_each(Kind.BROKER_COMMIT, [w.subject(op=s.op, stage="other") for s in about[:2]])
+        two = [w.subject(op="one", stage="other", dest="here"), w.subject(op="two", stage="other", dest="there")]
+        w.emit_each(Kind.BROKER_COMMIT, two)
         with pytest.raises(ValueError, match="3 subjects, 2 details"):
             w.emit_each(Kind.SEND, about, details=details[:2])
         with pytest.raises(TypeError, match="not both"):
             w.emit_each(Kind.SEND, about, details=details, shared=Detail())
-    lines = [next((d / "segments").glob("*.jsonl")).read_text().splitlines() for d in (by_one, by_each)]
-    untimed = [[line.split(",", 1)[1] for line in each] for each in lines]  # all but ts_ns
-    assert untimed[1] == untimed[0]
-    assert len({json.loads(line)["ts_ns"] for line in lines[1][:3]}) == 1  # one clock read a call
+    lines = next((by_each / "segments").glob("*.jsonl")).read_text().splitlines()
+    assert ['"n":' in line for line in lines] == [True, True, True, False, True, False, False]  # packed where alike
+    expected = _untimed(by_one)
+    assert _untimed(by_each) == expected
+    assert _lines_read(by_each) == expected
+    tail = [{c: e.get(c) for c in COLUMNS if c != "ts_ns"} for e in LedgerTail(by_each).new()]
+    assert tail == expected
+    assert [e["seq"] for e in LedgerTail(by_each).new({"send"})] == [6, 7, 8, 9]
+
+
+_PACKED_ROW = {"ts_ns": 1, "src": "worker-0", "pid": 7, "kind": "deliver", "n": 2, "stage": "s", "detail": "{}"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ops": ["a"]},  # a list shorter than n
+        {"ops": ["a", "b"], "op": "a"},  # a column given once and as a list
+        {"ops": ["a", 3]},  # a value of the wrong type
+        {"attempts": [1, True]},
+        {"n": 0},
+        {"n": 1 << 40},
+        {"n": "2"},
+        {"ops": "ab"},  # a plural that is not a list
+    ],
+)
+def test_a_packed_row_that_does_not_unpack_whole_is_one_damaged_line(tmp_path: Path, bad: dict[str, object]) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "worker-0") as w:
+        w.emit(Kind.SUBMIT, op="before")
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    with seg.open("a") as fh:
+        fh.write(json.dumps({**_PACKED_ROW, "seq": 1, **bad}) + "\n")
+        fh.write(json.dumps({**_PACKED_ROW, "seq": 3, "ops": ["c", "d"]}) + "\n")
+    table, damaged = reader_segment_table(seg)
+    assert damaged == 1
+    read = sorted(zip(table["seq"].to_pylist(), table["op"].to_pylist(), table["stage"].to_pylist(), strict=True))
+    assert read == [(0, "before", None), (3, "c", "s"), (4, "d", "s")]
+    rows, damaged = read_segment(seg)
+    assert damaged == 1
+    assert sorted(r["seq"] for r in rows) == [0, 3, 4]
+    tail = LedgerTail(ledger)
+    assert sorted(e["seq"] for e in tail.new()) == [0, 3, 4]
+    assert tail.damaged == 1
+
+
+def test_events_about_subjects_held_in_a_batch_are_the_events_written_alone(tmp_path: Path) -> None:
+    def write(w: LedgerWriter) -> None:
+        about = [
+            w.subject(op=f"op-{n}", msg=f"in/0@{n}", stage="s", dest="in", partition=0, offset=n) for n in range(4)
+        ]
+        for s in about[:3]:
+            w.emit_about(Kind.EFFECT, s, shared=w.shared(table="t"))
+        w.emit(Kind.ALERT, op="op-0", reason="between")
+        w.emit_about(Kind.EFFECT, about[3], table="t")
+        w.emit_about(Kind.EFFECT, w.subject(op="op-9", stage="other", dest="in"), table="t")
+        for n, s in enumerate(about):
+            w.emit_about(Kind.SEND, s, attempt=n % 2 or None, topic=f"out-{n % 2}")
+        w.emit_about(Kind.CRASH, about[0], point="after_db_commit")
+
+    alone, held = tmp_path / "alone", tmp_path / "held"
+    with LedgerWriter(alone, "worker-0") as w:
+        write(w)
+    with LedgerWriter(held, "worker-0") as w, w.batch():
+        write(w)
+    lines = next((held / "segments").glob("*.jsonl")).read_text().splitlines()
+    assert ['"n":' in line for line in lines] == [True, False, False, False, True, False]  # runs alike packed
+    expected = _untimed(alone)
+    assert _untimed(held) == expected
+    assert _lines_read(held) == expected
