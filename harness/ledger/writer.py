@@ -30,10 +30,6 @@ PACK_EVENTS = 2_048  # the most events one packed row holds (a Kafka batch's del
 _list = json.JSONEncoder(separators=(",", ":")).encode  # a list of text or numbers, in C
 
 
-def _attempts(values: Sequence[int | None]) -> list[str]:
-    return [_field(a) for a in values]
-
-
 def _column(name: str, texts: Sequence[str]) -> str:
     """Return a packed row's ``name`` column from its values as JSON text: once when every event's is
     the same, else the list of them under its plural."""
@@ -460,12 +456,13 @@ class LedgerWriter:
             hi = lo + len(part)
             ops, msgs, partitions, offsets = zip(*[s.texts for s in part], strict=True)
             attempts = tries[lo:hi]
+            unknown = attempts.count(None) == len(attempts)  # most often: no text made for each
             columns = (
                 _column("op", ops),
                 _column("msg", msgs),
                 _column("partition", partitions),
                 _column("offset", offsets),
-                '"attempt":null' if attempts.count(None) == len(attempts) else _column("attempt", _attempts(attempts)),
+                '"attempt":null' if unknown else _column("attempt", list(map(_field, attempts))),
                 _column("detail", infos[lo:hi]),
             )
             rows.append(f"{head}{first + lo}{fixed}{len(part)},{','.join(columns)}}}\n")
