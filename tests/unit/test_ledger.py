@@ -719,3 +719,20 @@ def test_events_about_subjects_held_in_a_batch_are_the_events_written_alone(tmp_
     expected = _untimed(alone)
     assert _untimed(held) == expected
     assert _lines_read(held) == expected
+
+
+def test_a_torn_packed_row_glued_to_the_next_loses_only_its_own_events(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with LedgerWriter(ledger, "worker-0") as w:
+        about = [w.subject(op=f"op-{n}", stage="s", dest="in") for n in range(3)]
+        w.emit_each(Kind.DELIVER, about)
+        w.emit_each(Kind.DB_COMMIT, about)
+    (seg,) = (ledger / "segments").glob("*.jsonl")
+    first, second = seg.read_bytes().splitlines(keepends=True)
+    seg.write_bytes(first[: len(first) // 2] + second)  # the writer died inside its first write
+    table, damaged = reader_segment_table(seg)
+    assert damaged == 1
+    assert table["kind"].to_pylist() == ["db_commit"] * 3
+    assert table["seq"].to_pylist() == [3, 4, 5]
+    rows, damaged = read_segment(seg)
+    assert (damaged, [r["seq"] for r in rows]) == (1, [3, 4, 5])
