@@ -214,14 +214,15 @@ def _unpack(packs: pa.Table) -> pa.Table | None:
     columns = {c: packs.column(c).take(taken) for c in ("ts_ns", "src", "pid", "kind")}
     columns["seq"] = pc.add(packs.column("seq").take(taken), pa.array(pos))
     for col, plural in PACKED_COLUMNS.items():
-        once = packs.column(col).chunk(0).take(taken)
+        single = packs.column(col).chunk(0)
+        once = single.take(taken)
         lists = packs.column(plural).chunk(0)
         if lists.null_count == len(lists):
             columns[col] = once
             continue
         given = lists.is_valid().to_numpy(zero_copy_only=False)
         lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-        twice = given & packs.column(col).chunk(0).is_valid().to_numpy(zero_copy_only=False)
+        twice = given & single.is_valid().to_numpy(zero_copy_only=False)
         if (given & (lengths != n)).any() or twice.any():
             return None  # a list of the wrong length, or a column given once and as a list
         at = lists.offsets.to_numpy()[:-1][parent] + pos

@@ -136,11 +136,11 @@ class Subject:
     ``partition`` and ``offset``), as ``LedgerWriter.subject`` takes them.
 
     Each is formatted as JSON once for all the events about the message (``texts``): a packed row
-    takes each value's text, a row of its own the text from ``op`` to the name of ``attempt``
-    (``head``) and from ``partition`` to the name of ``detail`` (``tail``), made when first needed.
+    takes each value's text, a row of its own the text from ``op`` to the name of ``attempt`` and
+    from ``partition`` to the name of ``detail`` (``parts``), made when first needed.
     """
 
-    __slots__ = ("_head", "_tail", "dest", "msg", "offset", "op", "partition", "stage", "texts")
+    __slots__ = ("_parts", "dest", "msg", "offset", "op", "partition", "stage", "texts")
 
     def __init__(
         self,
@@ -154,22 +154,19 @@ class Subject:
         self.op, self.msg, self.stage, self.dest, self.partition, self.offset = op, msg, stage, dest, partition, offset
         # op, msg, partition and offset as JSON text: every event about the message takes them
         self.texts = (_field(op), _field(msg), _field(partition), _field(offset))
-        self._head: str | None = None
-        self._tail: str | None = None
+        self._parts: tuple[str, str] | None = None
 
     @property
-    def head(self) -> str:
-        if self._head is None:
-            op, msg, _, _ = self.texts
-            self._head = f',"op":{op},"msg":{msg},"stage":{_field(self.stage)},"dest":{_field(self.dest)},"attempt":'
-        return self._head
-
-    @property
-    def tail(self) -> str:
-        if self._tail is None:
-            _, _, partition, offset = self.texts
-            self._tail = f',"partition":{partition},"offset":{offset},"detail":'
-        return self._tail
+    def parts(self) -> tuple[str, str]:
+        """Return a row's text from ``op`` to the name of ``attempt``, and from ``partition`` to the
+        name of ``detail``."""
+        if self._parts is None:
+            op, msg, partition, offset = self.texts
+            self._parts = (
+                f',"op":{op},"msg":{msg},"stage":{_field(self.stage)},"dest":{_field(self.dest)},"attempt":',
+                f',"partition":{partition},"offset":{offset},"detail":',
+            )
+        return self._parts
 
 
 class _About:
@@ -299,7 +296,7 @@ class LedgerWriter:
     ) -> None:
         """Append one event; returns once the kernel holds it."""
         about = self.subject(op=op, msg=msg, stage=stage, dest=dest, partition=partition, offset=offset)
-        self._append(kind, about.head, attempt, point, about.tail, _detail_text(detail))
+        self._append(kind, about, attempt, point, _detail_text(detail))
 
     def emit_about(
         self,
@@ -326,7 +323,7 @@ class LedgerWriter:
         info = shared.text if shared is not None else _detail_text(detail)
         held: _Held | None = getattr(self._local, "held", None)
         if held is None:
-            self._append(kind, subject.head, attempt, point, subject.tail, info)
+            self._append(kind, subject, attempt, point, info)
             return
         with self._lock:
             seq = self._seq
@@ -336,17 +333,22 @@ class LedgerWriter:
         if held.size >= BATCH_BYTES:
             self._release(held)
 
-    def _append(self, kind: Kind, head: str, attempt: int | None, point: str | None, tail: str, info: str) -> None:
-        # The row is formatted field by field, in COLUMNS order and exactly as ``_ROW.encode`` of
-        # the row dict would write it (a test holds the two equal): a worker writes four or five
-        # events a message, and the generic encoder of a dict was most of an event's cost.
+    def _line(
+        self, ts: int, seq: int, kind: Kind, subject: Subject, attempt: int | None, point: str | None, info: str
+    ) -> str:
+        """Return one event's row of its own. It is formatted field by field, in COLUMNS order and
+        exactly as ``_ROW.encode`` of the row dict would write it (a test holds the two equal): a
+        worker writes four or five events a message, and the generic encoder of a dict was most of
+        an event's cost."""
+        head, tail = subject.parts
+        return (
+            f'{{"ts_ns":{ts},"src":{self._src},"pid":{self.pid},"seq":{seq},"kind":{_kind(kind)}'
+            f'{head}{_field(attempt)},"point":{_field(point)}{tail}{info}}}\n'
+        )
+
+    def _append(self, kind: Kind, subject: Subject, attempt: int | None, point: str | None, info: str) -> None:
         with self._lock:
-            line = (
-                f'{{"ts_ns":{time.time_ns()},"src":{self._src},"pid":{self.pid},"seq":{self._seq},'
-                f'"kind":{_kind(kind)}{head}{_field(attempt)},"point":{_field(point)}'
-                f"{tail}{info}}}\n"
-            )
-            data = line.encode()
+            data = self._line(time.time_ns(), self._seq, kind, subject, attempt, point, info).encode()
             self._seq += 1
             held: _Held | None = getattr(self._local, "held", None)
             if held is None:
@@ -393,11 +395,9 @@ class LedgerWriter:
             if alike:
                 data = self._packed(ts, first, kind, None, subjects, tries, infos).encode()
             else:
-                head = f'{{"ts_ns":{ts},"src":{self._src},"pid":{self.pid},"seq":'
-                kind_text = f',"kind":{_kind(kind)}'
                 data = "".join(
                     [
-                        f'{head}{seq}{kind_text}{s.head}{_field(a)},"point":null{s.tail}{i}}}\n'
+                        self._line(ts, seq, kind, s, a, None, i)
                         for seq, s, a, i in zip(range(first, first + n), subjects, tries, infos, strict=True)
                     ]
                 ).encode()
@@ -476,13 +476,7 @@ class LedgerWriter:
                 out.append(run)
             elif len(run) == 1:
                 e = run[0]
-                s = e.subject
-                out.append(
-                    (
-                        f'{{"ts_ns":{e.ts},"src":{self._src},"pid":{self.pid},"seq":{e.seq},"kind":{_kind(e.kind)}'
-                        f'{s.head}{_field(e.attempt)},"point":{_field(e.point)}{s.tail}{e.info}}}\n'
-                    ).encode()
-                )
+                out.append(self._line(e.ts, e.seq, e.kind, e.subject, e.attempt, e.point, e.info).encode())
             else:
                 e = run[0]
                 subjects = [a.subject for a in run]
