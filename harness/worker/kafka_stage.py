@@ -16,9 +16,9 @@ assignments are ``rebalance`` events.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from harness.clients import db
@@ -26,7 +26,7 @@ from harness.clients.db import Connection
 from harness.clients.kafka import TP, GroupConsumer, OutputProducer, Record, dlt_name
 from harness.clients.kafka.hung import end_process
 from harness.errors import HarnessError
-from harness.jsontext import dumps
+from harness.jsontext import dumps, loads
 from harness.ledger.schema import Kind
 from harness.ledger.writer import Detail, DetailForm, Subject
 from harness.worker.base import WorkerRuntime, load_handler
@@ -79,23 +79,19 @@ class KafkaStageWorker(WorkerRuntime):
         return {"member": m.member_id, "generation": m.generation} if with_id else {"generation": m.generation}
 
     def _subject(self, record: Record, op: str) -> Subject:
-        return self.ledger.subject(
-            op=op,
-            msg=record.coord,
-            stage=self.spec.stage,
-            dest=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-        )
+        return Subject(op, record.coord, self.spec.stage, record.topic, record.partition, record.offset)
 
     def _subject_of(self, record: Record, op: str) -> Subject:
         # Five or so events a record share their columns: formatted once, when it is delivered.
         return self._subjects.get(record.coord) or self._subject(record, op)
 
     def _emit(self, kind: Kind, record: Record, op: str, **detail: Any) -> None:
+        self._emit_about(self._subject_of(record, op), kind, **detail)
+
+    def _emit_about(self, subject: Subject, kind: Kind, **detail: Any) -> None:
         # Most events a detail with every other record (its effect's table, its output's topic).
         shared = self.ledger.shared(**detail) if detail else None  # none: the writer's own is quicker
-        self.ledger.emit_about(kind, self._subject_of(record, op), shared=shared)
+        self.ledger.emit_about(kind, subject, shared=shared)
 
     def _emit_each(self, kind: Kind, records: Sequence[Record], ops: Sequence[str]) -> None:
         """One ``kind`` event, with no detail, per record: one write for them all."""
@@ -241,7 +237,7 @@ class KafkaStageWorker(WorkerRuntime):
 
     # -- one record, one batch -----------------------------------------------------------------
     def _context(self, conn: Connection, r: Record, op: str) -> KafkaContext:
-        body: dict[str, Any] = json.loads(r.value) if r.value else {}  # no value: a tombstone
+        body: dict[str, Any] = loads(r.value) if r.value else {}  # no value: a tombstone
         return KafkaContext(
             op=op,
             body=body,
@@ -249,8 +245,9 @@ class KafkaStageWorker(WorkerRuntime):
             options=self.spec.options,
             worker=self.spec.name,
             stage=self.spec.stage,
-            _record=lambda kind, **d: self._emit(kind, r, op, **d),
-            _crash=lambda point: self._reach(point, r, op),
+            # bound with partial, not a lambda: a handler records an event or two per record
+            _record=partial(self._emit_about, self._subject_of(r, op)),
+            _crash=partial(self._reach, record=r, op=op),
             _side=self.side,
             message=r,
         )
@@ -373,6 +370,7 @@ class KafkaStageWorker(WorkerRuntime):
         assert producer is not None
         subjects: list[Subject] = []
         details: list[Detail] = []
+        sent_to: dict[tuple[str, str | None], Detail] = {}  # a send event's detail, by (topic, key)
         try:
             for ctx, r, op in handled:
                 subject = self._subject_of(r, op)
@@ -386,7 +384,11 @@ class KafkaStageWorker(WorkerRuntime):
                         raise HarnessError(f"stage {self.spec.stage} has no output topic", hint=hint)
                     out = key or op
                     producer.produce(target, dumps(body), key=out, headers={"txchaos-op": out})
-                    details.append(self.ledger.shared(topic=target, **({"key": key} if key else {})))
+                    detail = sent_to.get((target, key))
+                    if detail is None:
+                        keyed = {"key": key} if key else {}
+                        detail = sent_to[target, key] = self.ledger.shared(topic=target, **keyed)
+                    details.append(detail)
                     subjects.append(subject)
         finally:  # what was produced is in the ledger, an error or not
             self.ledger.emit_each(Kind.SEND, subjects, details=details)
@@ -395,7 +397,11 @@ class KafkaStageWorker(WorkerRuntime):
         """Produce ``r`` to its dead-letter topic; return its send event's detail."""
         assert self.producer is not None
         target = dlt_name(r.topic)
-        headers = {"txchaos-op": op, "txchaos-error": reason[:200], "txchaos-source": r.coord}
+        headers: dict[str, str | bytes | None] = {
+            "txchaos-op": op,
+            "txchaos-error": reason[:200],
+            "txchaos-source": r.coord,
+        }
         self.producer.produce(target, r.value, key=op, headers=headers)
         return Detail(topic=target, reason=reason[:200])
 

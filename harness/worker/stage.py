@@ -10,7 +10,6 @@ roll back and the message is NACKed (the broker redelivers or dead-letters it).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any
 from harness.clients import db
 from harness.clients.activemq import Message, StompClient, dlq_name
 from harness.errors import HarnessError
-from harness.jsontext import dumps
+from harness.jsontext import dumps, loads
 from harness.ledger.schema import Kind
 from harness.worker.base import ContextBase, WorkerRuntime, load_handler
 from harness.worker.crash import ForcedRedelivery
@@ -110,7 +109,7 @@ class StageWorker(WorkerRuntime):
 
     def process(self, client: StompClient, msg: Message) -> bool:
         """Run the stage on ``msg``; returns False when the worker must reconnect."""
-        body = json.loads(msg.body)
+        body = loads(msg.body)
         op = str(body["op"])
         stage, mid = self.spec.stage, msg.message_id
         emit = self.ledger.emit

@@ -600,6 +600,13 @@ def test_a_detail_form_filled_in_is_the_detail_written_whole(
     assert form(*blanks.values()).text == Detail(**fixed, **blanks).text
 
 
+def test_a_detail_form_keeps_braces_and_escapes_of_its_fixed_text() -> None:
+    # Its template is a str.format text: braces of a key or value must stay text, not fields.
+    fixed = {"note": "{0} {x} }{", "{key}": 'quote " and \\ é'}
+    form = DetailForm(("z", "a"), **fixed)
+    assert form(1, None).text == Detail(**fixed, z=1, a=None).text
+
+
 def test_a_detail_form_refuses_what_it_cannot_fill_in_alike() -> None:
     form = DetailForm(("index",), batch=1)
     with pytest.raises(TypeError, match="whole numbers, booleans and None"):

@@ -224,13 +224,17 @@ class OutputProducer:
             self._errors.append(str(err))
 
     def produce(
-        self, topic: str, value: bytes | str | None, *, key: str | None = None, headers: dict[str, str] | None = None
+        self,
+        topic: str,
+        value: bytes | str | None,
+        *,
+        key: str | None = None,
+        headers: dict[str, str | bytes | None] | None = None,
     ) -> None:
         """Queue one record (``value=None``: a tombstone); ``flush`` (or a transaction commit) makes it durable."""
-        hdrs: dict[str, str | bytes | None] | None = dict(headers) if headers else None
         for attempt in range(2):
             try:
-                self._producer.produce(topic, value=value, key=key, headers=hdrs, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
                 break
             except BufferError:
                 if attempt:
