@@ -127,3 +127,11 @@ def test_high_water_marks_tell_redeliveries(tmp_path: Path) -> None:
     assert marks.mark(("t", 0), 9) == 9  # 5-9 again (after a crash): every offset <= 9 is a redelivery
     assert marks.mark(("t", 1), 0) == -1  # partitions are apart
     assert HighWater(tmp_path / "kafka-high").mark(("t", 0), 3) == 9  # shared with a restarted worker
+
+
+def test_a_mark_that_is_not_a_number_counts_as_none_and_is_replaced(tmp_path: Path) -> None:
+    marks = HighWater(tmp_path / "kafka-high")
+    (tmp_path / "kafka-high" / "t.0").write_text("")  # a mark file left empty
+    assert marks.mark(("t", 0), 4) == -1
+    assert (tmp_path / "kafka-high" / "t.0").read_text() == "4"
+    assert [p.name for p in (tmp_path / "kafka-high").iterdir()] == ["t.0"]  # nothing left aside
