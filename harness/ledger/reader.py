@@ -486,11 +486,14 @@ class Compaction:
                     for seg in segment_files(self.ledger_dir):
                         self._read(seg, self._taken.get(seg, 0), None, threads=True)
                     writer = BucketWriter(tmp, n_buckets_for(self._spill.rows))
-                    # closed before the spill is discarded, so no sort ahead still reads it
-                    with closing(_one_ahead(self._spill.sorted_buckets(writer.n_buckets))) as buckets:
-                        for _, rows in buckets:
-                            writer.write(rows)
-                    writer.close(self._spill.rows, damaged_lines=self._damage)
+                    try:
+                        # closed before the spill is discarded, so no sort ahead still reads it
+                        with closing(_one_ahead(self._spill.sorted_buckets(writer.n_buckets))) as buckets:
+                            for _, rows in buckets:
+                                writer.write(rows)
+                        writer.close(self._spill.rows, damaged_lines=self._damage)
+                    finally:
+                        writer.abandon()  # no write still in flight once this returns
             finally:
                 self._discard()
         if out.is_dir():

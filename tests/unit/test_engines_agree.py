@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.ledger import layout
+from harness.ledger.layout import read_layout
 from harness.ledger.reader import compact
 from harness.ledger.schema import COLUMNS, RESIDUE_KINDS, Kind
 from harness.ledger.synth import synth_run
@@ -223,8 +225,14 @@ def test_engines_agree_and_find_every_injected_anomaly(
         assert order == sorted(order)
 
 
-def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_path: Path) -> None:
-    """More anomalies than witnesses, and a witness with more events than a chain shows."""
+def test_engines_agree_past_the_witness_and_chain_caps(
+    spark_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More anomalies than witnesses, and a witness with more events than a chain shows.
+
+    Written in small row groups, so each bucket has several files (``layout.WRITE_LANES``) and the
+    long chain is split over two of them: Spark's bucketed scan reads a bucket's files as one."""
+    monkeypatch.setattr(layout, "_SORTED_SLICE", 61)
     ledger = tmp_path / "ledger"
     with LedgerWriter(ledger, "driver") as d, LedgerWriter(ledger, "worker-1") as w:
         for i in range(WITNESSES_PER_CLASS + 100):  # orphan effects: applied, never submitted
@@ -235,7 +243,8 @@ def test_engines_agree_past_the_witness_and_chain_caps(spark_engine: Any, tmp_pa
         w.emit(Kind.RESIDUE_EFFECT, op="dup-loop")
         w.emit(Kind.RESIDUE_EFFECT, op="dup-loop")
         d.emit(Kind.DOWNSTREAM, op="dup-loop")
-    compact(ledger)
+    parts = compact(ledger)
+    assert len(list(parts.glob("*.parquet"))) > (read_layout(parts) or {})["n_buckets"]
     spark, session = spark_engine
     local = checker.check_run(tmp_path, FlowContract())
     remote = spark.check_run(tmp_path, FlowContract(), spark=session)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,7 @@ def test_a_segment_damaged_mid_file_streams_every_readable_row_once(
     assert len(streamed) == 1000
 
 
-@pytest.mark.parametrize("where", ["writing", "sorting ahead"])
+@pytest.mark.parametrize("where", ["writing", "a write on its lane", "sorting ahead"])
 def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -243,12 +244,15 @@ def test_a_compaction_that_fails_keeps_the_compacted_ledger_and_leaves_no_spill(
 
     if where == "writing":
         monkeypatch.setattr(reader.BucketWriter, "write", broken)
+    elif where == "a write on its lane":  # raised on a writer thread, handed back to the close
+        monkeypatch.setattr(layout.pq.ParquetWriter, "write_table", broken)
     else:
         monkeypatch.setattr(layout.BucketSpill, "sorted_buckets", broken_after_one)
     with pytest.raises(OSError, match="disk full"):
         compact(ledger)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last whole one stays
     assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("txchaos-parquet")]  # no write goes on
 
 
 @pytest.mark.parametrize("n_buckets", [4, 16, 32])
@@ -269,16 +273,22 @@ def test_streamed_compaction_writes_what_sorting_the_whole_ledger_writes(
     expected = reader.with_op_bucket(read_segments(ledger))
     buckets = file_bucket_table(n_buckets)
     got: list[dict[str, object]] = []
+    files = 0
     for b in range(n_buckets):
-        part = out / f"part-{b:05d}_{b:05d}.c000.parquet"
-        if not part.exists():
-            continue
-        rows = pq.read_table(part, columns=[*COLUMNS, "op_bucket", "op_id"]).to_pylist()
-        assert all(buckets[r["op_bucket"]] == b for r in rows)
-        assert all(r["op_bucket"] == op_bucket_of(r["op"]) for r in rows)
-        key = [(r["op"] is None, r["op"] or "", r["ts_ns"], r["src"], r["seq"]) for r in rows]
-        assert key == sorted(key)
-        got += rows
+        # a bucket's row groups go to its files in turn (``WRITE_LANES``), each file in order
+        for part in sorted(out.glob(f"part-{b:05d}_{b:05d}.c*.parquet")):
+            files += 1
+            rows = pq.read_table(part, columns=[*COLUMNS, "op_bucket", "op_id"]).to_pylist()
+            assert all(buckets[r["op_bucket"]] == b for r in rows)
+            assert all(r["op_bucket"] == op_bucket_of(r["op"]) for r in rows)
+            key = [(r["op"] is None, r["op"] or "", r["ts_ns"], r["src"], r["seq"]) for r in rows]
+            assert key == sorted(key)
+            got += rows
+    assert files == len(list(out.glob("*.parquet")))
+    per_bucket = np.bincount([buckets[r["op_bucket"]] for r in got], minlength=n_buckets)
+    # a bucket of more than one slice has a second file; one of a single slice, one
+    assert files == n_buckets + int((per_bucket > 97).sum())
+    assert n_buckets > 4 or files > n_buckets  # the fewest buckets take several slices each
     assert sorted(got, key=str) == sorted(expected.to_pylist(), key=str)
     assert (read_layout(out) or {})["n_buckets"] == n_buckets
     assert not list(ledger.glob(f"{PARQUET_NAME}.spill*"))  # the spill is removed
