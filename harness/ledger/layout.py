@@ -113,11 +113,15 @@ def op_bucket_of(op: str | None) -> int:
     return 0 if op is None else zlib.crc32(op.encode()) % OP_BUCKETS
 
 
+def op_buckets(ops: pa.Array) -> pa.Array:
+    """Return the op_bucket of each of the distinct op ids ``ops``."""
+    return pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
+
+
 def op_bucket_column(ops: pa.Array, index: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Return each row's op_bucket, given the distinct op ids ``ops`` and each row's position in
     them (``index``, null without an op: bucket 0). One hash per distinct op, not per row."""
-    lookup = pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
-    return pc.fill_null(pc.take(lookup, index), 0)
+    return pc.fill_null(pc.take(op_buckets(ops), index), 0)
 
 
 def bucket_path(root: Path, bucket: int, file: int = 0) -> Path:
@@ -261,7 +265,7 @@ class BucketWriter:
 SPILL_PARTS = 16  # a power of two: each file bucket is a union of spill parts, or a share of one
 _SPILL_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 _SORTED_SLICE = 250_000  # rows handed to the bucket writer at a time (one row group each)
-_OPS_NAME = "ops.arrow"  # the spill's distinct op ids, a batch per flush
+_OPS_NAME = "ops-{:02d}.arrow"  # a spill part's distinct op ids, a batch per flush
 
 
 class BucketSpill:
@@ -282,8 +286,8 @@ class BucketSpill:
         self._writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        # Each flush's distinct op ids, spilled too: a live run's driver holds none of them.
-        self._ops: pa.ipc.RecordBatchStreamWriter | None = None
+        # Each flush's distinct op ids, spilled too, by part: a live run's driver holds none of them.
+        self._ops: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
         root.mkdir(parents=True, exist_ok=True)
 
     def add(self, table: pa.Table) -> None:
@@ -301,8 +305,9 @@ class BucketSpill:
         self._pending, self._pending_rows = [], 0
         self.rows += table.num_rows
         ops = pc.unique(table["op"]).drop_null()
-        self._remember(ops)
-        buckets = op_bucket_column(ops, pc.index_in(table["op"], value_set=ops))
+        lookup = op_buckets(ops)
+        self._remember(ops, self._parts[lookup.to_numpy()])
+        buckets = pc.fill_null(pc.take(lookup, pc.index_in(table["op"], value_set=ops)), 0)
         table = table.append_column("op_bucket", buckets)
         parts = self._parts[buckets.to_numpy(zero_copy_only=False)]
         order = np.argsort(parts, kind="stable")
@@ -317,44 +322,65 @@ class BucketSpill:
                     self._writers[p] = pa.ipc.new_stream(self._path(p), table.schema, options=_SPILL_IPC)
                 self._writers[p].write_table(table.slice(lo, hi - lo))
 
-    def _remember(self, ops: pa.Array) -> None:
-        batch = pa.record_batch([ops.cast(pa.string())], names=["op"])
-        if self._ops is None:
-            self._ops = pa.ipc.new_stream(str(self.root / _OPS_NAME), batch.schema, options=_SPILL_IPC)
-        self._ops.write_batch(batch)
+    def _remember(self, ops: pa.Array, parts: npt.NDArray[np.int32]) -> None:
+        """Spill distinct op ids, each to the ops stream of its spill part (``parts``)."""
+        order = np.argsort(parts, kind="stable")
+        bounds = np.searchsorted(parts[order], np.arange(SPILL_PARTS + 1))
+        ops = ops.cast(pa.string()).take(pa.array(order))
+        for p in range(SPILL_PARTS):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            if hi > lo:
+                batch = pa.record_batch([ops.slice(lo, hi - lo)], names=["op"])
+                if p not in self._ops:
+                    path = str(self.root / _OPS_NAME.format(p))
+                    self._ops[p] = pa.ipc.new_stream(path, batch.schema, options=_SPILL_IPC)
+                self._ops[p].write_batch(batch)
 
-    def _distinct_ops(self) -> pa.Array:
-        """Return every op id spilled, once each, in string order (``op_id`` is the rank in it)."""
-        if self._ops is None:
-            return pa.array([], pa.string())
+    def _part_ops(self, part: int) -> pa.Array:
+        """Return the op ids spilled to ``part``, once each, in no order."""
         held: list[pa.Array] = []
         rows = distinct = 0
-        with pa.ipc.open_stream(str(self.root / _OPS_NAME)) as reader:
+        with pa.ipc.open_stream(str(self.root / _OPS_NAME.format(part))) as reader:
             for batch in reader:  # merged now and then: memory holds about twice the distinct ids
                 held.append(batch.column(0))
                 rows += batch.num_rows
                 if rows > max(1_000_000, 2 * distinct):
                     held = [pc.unique(pa.chunked_array(held, pa.string()))]
                     rows = distinct = len(held[0])
-        ops = pc.unique(pa.chunked_array(held, pa.string()))
-        return pc.take(ops, pc.sort_indices(ops))
+        return pc.unique(pa.chunked_array(held, pa.string()))
+
+    def _ranked_ops(self) -> dict[int, tuple[pa.Array, pa.Array]]:
+        """Return spill part -> (its op ids, once each; their ``op_id``: each one's rank among every
+        op id spilled, in string order).
+
+        An op id is in one part only, so the parts' sets are found apart (hash tables a part's size)
+        and sorted once together; a bucket then looks its rows' ids up among its parts' alone.
+        """
+        parts = sorted(self._ops)
+        found = [self._part_ops(p) for p in parts]
+        order = pc.sort_indices(pa.chunked_array(found, pa.string())).to_numpy()
+        ranks = np.empty(len(order), np.int64)
+        ranks[order] = np.arange(len(order), dtype=np.int64)
+        ends = np.cumsum([0, *map(len, found)])
+        return {
+            p: (ops, pa.array(ranks[ends[i] : ends[i + 1]]))
+            for i, (p, ops) in enumerate(zip(parts, found, strict=True))
+        }
 
     def _path(self, part: int) -> str:
         return str(self.root / f"part-{part:02d}.arrow")
 
     def close(self) -> None:
         """Close the spill files (they stay readable); safe to repeat."""
-        for w in self._writers.values():
+        for w in [*self._writers.values(), *self._ops.values()]:
             w.close()
-        if self._ops is not None:
-            self._ops.close()
 
     def sorted_buckets(self, n_buckets: int) -> Iterator[tuple[int, pa.Table]]:
         """Yield (file bucket, rows) in bucket order, each bucket's rows in (op, ts_ns, src, seq)
         order over one or more slices."""
         self.flush()
         self.close()
-        ops = self._distinct_ops()
+        ops = self._ranked_ops()
         pa.default_memory_pool().release_unused()
         for b in range(n_buckets):
             table = self._bucket(b, n_buckets, ops)
@@ -372,7 +398,7 @@ class BucketSpill:
         # 6.9-7.0 s (1.6-1.8 s), with the same peak.
         pa.default_memory_pool().release_unused()
 
-    def _bucket(self, b: int, n_buckets: int, ops: pa.Array) -> pa.Table | None:
+    def _bucket(self, b: int, n_buckets: int, ops: dict[int, tuple[pa.Array, pa.Array]]) -> pa.Table | None:
         """Return file bucket ``b``'s spilled rows with ``op_id``, unsorted, one chunk per column
         (None when it has none)."""
         parts = [b % SPILL_PARTS] if n_buckets >= SPILL_PARTS else [p for p in range(SPILL_PARTS) if p % n_buckets == b]
@@ -392,7 +418,10 @@ class BucketSpill:
             columns[i] = column.combine_chunks()
             del column
         table = pa.Table.from_arrays(columns, schema=schema)
-        return table.append_column("op_id", pc.index_in(table["op"], value_set=ops).cast(pa.int64()))
+        known = [ops[p] for p in parts if p in ops]  # a part of rows without an op has no ids
+        ids = pa.chunked_array([i for i, _ in known], pa.string()).combine_chunks()
+        ranks = pa.chunked_array([r for _, r in known], pa.int64()).combine_chunks()
+        return table.append_column("op_id", pc.take(ranks, pc.index_in(table["op"], value_set=ids)))
 
 
 def writer_counts(layout: dict[str, Any]) -> dict[tuple[str, int, str, bool], tuple[int, int, int]] | None:
