@@ -229,14 +229,17 @@ class BucketWriter:
 
     def abandon(self) -> None:
         """Wait for the writes in flight and close every file, ignoring their errors (a failed
-        compaction, whose folder is thrown away); safe to repeat, and after ``close``."""
-        with contextlib.suppress(BaseException):
-            self._land()
-        self._lanes.shutdown()
-        for w in self._files.values():
-            with contextlib.suppress(OSError, pa.ArrowException):
-                w.close()
-        self._files.clear()
+        compaction, whose folder is thrown away); safe to repeat, and after ``close``. An interrupt
+        while it waits is not ignored: it is raised once the writes have ended."""
+        try:
+            with contextlib.suppress(Exception):
+                self._land()
+        finally:
+            self._lanes.shutdown()  # waits for a write still running, whatever interrupted the wait
+            for w in self._files.values():
+                with contextlib.suppress(OSError, pa.ArrowException):
+                    w.close()
+            self._files.clear()
 
     def close(self, events: int, *, damaged_lines: dict[str, int] | None = None) -> None:
         """Close the bucket files and write ``_layout.json``; ``damaged_lines`` (segment -> lines
