@@ -118,10 +118,10 @@ def op_buckets(ops: pa.Array) -> pa.Array:
     return pa.array([op_bucket_of(o) for o in ops.to_pylist()], pa.int32())
 
 
-def op_bucket_column(ops: pa.Array, index: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Return each row's op_bucket, given the distinct op ids ``ops`` and each row's position in
-    them (``index``, null without an op: bucket 0). One hash per distinct op, not per row."""
-    return pc.fill_null(pc.take(op_buckets(ops), index), 0)
+def op_bucket_column(buckets: pa.Array, index: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Return each row's op_bucket, given ``op_buckets`` of the distinct op ids and each row's
+    position among them (``index``, null without an op: bucket 0). One hash per distinct op, not per row."""
+    return pc.fill_null(pc.take(buckets, index), 0)
 
 
 def bucket_path(root: Path, bucket: int, file: int = 0) -> Path:
@@ -310,7 +310,7 @@ class BucketSpill:
         ops = pc.unique(table["op"]).drop_null()
         lookup = op_buckets(ops)
         self._remember(ops, self._parts[lookup.to_numpy()])
-        buckets = pc.fill_null(pc.take(lookup, pc.index_in(table["op"], value_set=ops)), 0)
+        buckets = op_bucket_column(lookup, pc.index_in(table["op"], value_set=ops))
         table = table.append_column("op_bucket", buckets)
         parts = self._parts[buckets.to_numpy(zero_copy_only=False)]
         order = np.argsort(parts, kind="stable")

@@ -36,6 +36,7 @@ from harness.ledger.layout import (
     BucketWriter,
     n_buckets_for,
     op_bucket_column,
+    op_buckets,
     read_layout,
 )
 from harness.ledger.schema import ARROW_SCHEMA, COLUMNS, PACKED_COLUMNS, PACKED_MAX
@@ -345,7 +346,7 @@ def with_op_bucket(table: pa.Table) -> pa.Table:
     unique = table["op"].unique().drop_null()
     ops = pc.take(unique, pc.sort_indices(unique))
     op_id = pc.index_in(table["op"], value_set=ops)
-    table = table.append_column("op_bucket", op_bucket_column(ops, op_id))
+    table = table.append_column("op_bucket", op_bucket_column(op_buckets(ops), op_id))
     table = table.append_column("op_id", op_id.cast(pa.int64()))
     return table.sort_by([("op", "ascending"), ("ts_ns", "ascending"), ("src", "ascending"), ("seq", "ascending")])
 
