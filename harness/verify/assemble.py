@@ -7,13 +7,14 @@ aggregates produce byte-identical verdicts.
 
 from __future__ import annotations
 
-import json
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from harness.jsontext import loads
 from harness.ledger.schema import Kind
 from harness.verify import fired
 from harness.verify.model import ANOMALY_CLASSES, COUNTS, DELIVERY_HIST_CAP, SUMS
@@ -21,6 +22,7 @@ from harness.verify.verdict import Verdict, Witness
 
 MAX_WITNESS_EVENTS = 200  # per witness: enough to read the story, bounded for huge redelivery loops
 CHAIN_ORDER = ("ts_ns", "src", "seq", "pid")  # a chain's events in time, ties in a stable order
+_CHAIN_KEY = operator.itemgetter(*CHAIN_ORDER)
 # Counts stay exact; each class keeps its first examples in op order, so every class found has some
 # (one cap over all classes left the later ones none once the first ones had thousands).
 WITNESSES_PER_CLASS = 100
@@ -202,7 +204,7 @@ class _WindowIndex:
     def overlapping(self, first_ns: int | None, last_ns: int | None) -> list[FaultWindow]:
         """Return the windows that overlap ``first_ns``..``last_ns`` (both ends inclusive), in order;
         none for an operation with no span."""
-        if first_ns is None or last_ns is None:
+        if first_ns is None or last_ns is None or not self.windows:
             return []
         hit = np.flatnonzero((self.starts <= last_ns) & (self.ends >= first_ns))
         return [self.windows[i] for i in hit.tolist()]
@@ -218,12 +220,23 @@ class _WindowIndex:
 
 
 def _chain_event(row: dict[str, Any], active: list[str]) -> dict[str, Any]:
-    row = dict(row)
-    row["detail"] = json.loads(row.get("detail") or "{}")
-    out = {k: v for k, v in row.items() if v not in (None, {})}
+    """Return a chain's event: ``row`` without its empty columns, its detail parsed, the faults active then."""
+    out = {k: v for k, v in row.items() if v is not None}  # the columns are scalars: only the detail is a dict
+    detail = loads(row.get("detail") or "{}")
+    if detail is None or detail == {}:
+        out.pop("detail", None)
+    else:
+        out["detail"] = detail  # in the column's place
     if active:
         out["faults"] = active
     return out
+
+
+def _chain(events: list[dict[str, Any]], index: _WindowIndex) -> tuple[dict[str, Any], ...]:
+    """Return an operation's first ``MAX_WITNESS_EVENTS`` events in ``CHAIN_ORDER`` as a witness shows them."""
+    raw = sorted(events, key=_CHAIN_KEY)[:MAX_WITNESS_EVENTS]
+    active = index.active_at([r["ts_ns"] for r in raw]) if index.windows else [[] for _ in raw]
+    return tuple(_chain_event(r, a) for r, a in zip(raw, active, strict=True))
 
 
 def build_witnesses(
@@ -232,10 +245,11 @@ def build_witnesses(
     """Return witnesses for flagged summary rows (``anomaly``, ``op``, COUNTS, SUMS, ``first_ns``, ``last_ns``)."""
     index = _WindowIndex(windows)
     out = []
+    made: dict[str, tuple[dict[str, Any], ...]] = {}  # an operation flagged in two classes: its chain once
     for row in flagged:
-        raw = sorted(chains.get(row["op"], []), key=lambda r: tuple(r[c] for c in CHAIN_ORDER))[:MAX_WITNESS_EVENTS]
-        active = index.active_at([r["ts_ns"] for r in raw])
-        chain = tuple(_chain_event(r, a) for r, a in zip(raw, active, strict=True))
+        chain = made.get(row["op"])
+        if chain is None:
+            chain = made[row["op"]] = _chain(chains.get(row["op"], []), index)
         msg_ids = tuple(dict.fromkeys(str(e["msg"]) for e in chain if e.get("msg")))
         counts = {k: int(row[k]) for k in (*COUNTS, *SUMS)}
         faults = tuple(w.to_dict() for w in index.overlapping(row.get("first_ns"), row.get("last_ns")))
