@@ -212,8 +212,10 @@ class _WindowIndex:
     def active_at(self, times: list[int]) -> list[list[str]]:
         """Return, per timestamp, the faults of the windows active then (in window order): one
         test over every (time, window) pair of a chain, not one per event."""
-        at = np.array(times, dtype=np.int64)[:, None]
         active: list[list[str]] = [[] for _ in times]
+        if not self.windows:
+            return active
+        at = np.array(times, dtype=np.int64)[:, None]
         for t, i in zip(*np.nonzero((self.starts <= at) & (self.ends >= at)), strict=True):
             active[t].append(self.windows[i].fault)
         return active
@@ -235,7 +237,7 @@ def _chain_event(row: dict[str, Any], active: list[str]) -> dict[str, Any]:
 def _chain(events: list[dict[str, Any]], index: _WindowIndex) -> tuple[dict[str, Any], ...]:
     """Return an operation's first ``MAX_WITNESS_EVENTS`` events in ``CHAIN_ORDER`` as a witness shows them."""
     raw = sorted(events, key=_CHAIN_KEY)[:MAX_WITNESS_EVENTS]
-    active = index.active_at([r["ts_ns"] for r in raw]) if index.windows else [[] for _ in raw]
+    active = index.active_at([r["ts_ns"] for r in raw])
     return tuple(_chain_event(r, a) for r, a in zip(raw, active, strict=True))
 
 
