@@ -274,6 +274,7 @@ class _Driver:
         self.stopped = ""  # why submitting ended early with the books sound (``Room.short``)
         self.every_s = every_s  # between progress lines (the pace log gets one a second whatever this is)
         self._next_line = 0.0
+        self._line_at = (0.0, 0)  # (seconds, count out) at the last progress line: its rate out
         self.due: list[Timed] = list(schedule.entries)
         self.open_faults: list[str] = []
         self.kills = self.arms = self.windows = 0
@@ -491,16 +492,25 @@ class _Driver:
         if now < self._next_line and not force:
             return
         self._next_line = now + self.every_s
-        rate = len(session.ops) / now if now >= 1 else 0.0
         faults = ", ".join(self.open_faults) or "none"
         if self._recovering is not None:
             healed = time.monotonic() - self._recovering[2]
             faults += f" (a broker or database came back {healed:.0f}s ago: the schedule waits for the flow)"
         self.progress(
-            f"{now:6.0f}s  {len(session.ops):,} submitted  {'-' if out is None else f'{out:,}'} out  "
-            f"{rate:,.0f} ops/s  faults open: {faults}  worker restarts {session.restarts}  "
+            f"{now:6.0f}s  {len(session.ops):,} submitted  {self._out_rate(now, out)}  "
+            f"faults open: {faults}  worker restarts {session.restarts}  "
             f"duplicate effects so far {self.anomalies_seen}"
         )
+
+    def _out_rate(self, now: float, out: int | None) -> str:
+        """Return the progress line's count out and how fast it moved since the line before (the
+        flow's pace now, not the submissions': a closed loop submits most of a run in its first seconds)."""
+        if out is None:
+            return "- out"
+        then, before = self._line_at
+        self._line_at = (now, out)
+        rate = (out - before) / (now - then) if now - then >= 0.5 else 0.0
+        return f"{out:,} out ({rate:,.0f} ops/s)"
 
     def run(self) -> bool:
         """Submit and apply the schedule until the soak's length; return True when interrupted."""

@@ -418,10 +418,15 @@ def test_progress_lines_come_at_their_own_pace_and_the_pace_log_each_second(tmp_
     session = _Session(tmp_path)
     driver = _Driver(Soak(spec, ops=10), session, Schedule(("latency",), 0, ()), lines.append, every_s=10.0)  # type: ignore[arg-type]
     for now in range(25):
+        session.out = 300 * now  # 300 a second come out
         driver.report(float(now))
+    session.out = 7_500
     driver.report(25.0, force=True)  # the last one, as the soak ends
     driver._pace.close()
     assert [line.split()[0] for line in lines] == ["0s", "10s", "20s", "25s"]
+    # each line's rate is of what came out since the line before, not of what was submitted
+    rates = [line.strip().split("  ")[2] for line in lines]
+    assert rates == ["0 out (0 ops/s)", "3,000 out (300 ops/s)", "6,000 out (300 ops/s)", "7,500 out (300 ops/s)"]
     assert len((tmp_path / PACE_LOG).read_text().splitlines()) == 26
 
 
