@@ -3,7 +3,8 @@
 Standard library only: ``./txchaos`` runs this file before the project's virtualenv exists, and
 ``txchaos install`` (the installed package, no checkout) calls ``install`` for the same services.
 
-- the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes;
+- the project's virtualenv (``<repo>/.venv``), refreshed when pyproject.toml changes, made from the
+  distribution's optimized ``python3`` when there is one (``base_python``);
 - Java 17+ (checked), Postgres server binaries (Debian package, installed when root);
 - ActiveMQ Classic and Kafka jars resolved by Maven from the pinned POMs in ``fixtures/jars``;
 - Toxiproxy's server with the trap toxics (``trapd``, ``harness/traps/trapd``) built with ``go build``;
@@ -61,15 +62,66 @@ class Tools:
     dtm: str = ""
 
 
+# The distribution's interpreter. Debian (as Fedora and Ubuntu) builds it with profile-guided and
+# link-time optimization, which a default pyenv or source build lacks: on the project's machine it
+# ran the Kafka worker's own Python in 23-24 us a record against 30-35 (docs/benchmarks.md).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+PYTHON_ENV = "TXCHAOS_PYTHON"  # the interpreter to make the virtualenv from, when set
+_CAN_MAKE_VENV = "import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))"
+
+
+def _can_make_venv(python: str) -> bool:
+    """Whether ``python`` is a Python 3.11+ with ``venv`` and ``ensurepip`` (Debian splits them off)."""
+    try:
+        probe = subprocess.run([python, "-c", _CAN_MAKE_VENV], capture_output=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def base_python() -> str:
+    """Return the interpreter the virtualenv is made from: ``$TXCHAOS_PYTHON``; else the
+    distribution's ``python3`` when it can make a 3.11+ virtualenv; else the one running this."""
+    chosen = os.environ.get(PYTHON_ENV)
+    if chosen:
+        if not _can_make_venv(chosen):
+            raise BootstrapError(
+                f"{PYTHON_ENV}={chosen} is not a Python 3.11+ that can make a virtualenv (`-m venv`): "
+                f"name one that is, or unset {PYTHON_ENV}"
+            )
+        return chosen
+    if SYSTEM_PYTHON.exists() and _can_make_venv(str(SYSTEM_PYTHON)):
+        return str(SYSTEM_PYTHON)
+    return sys.executable
+
+
+def _made_from(venv: Path) -> str:
+    """Return the interpreter ``venv`` was made from, as its ``pyvenv.cfg`` records it ('' if none)."""
+    try:
+        lines = (venv / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "executable":
+            return os.path.realpath(value.strip())
+    return ""
+
+
 def ensure_venv(repo: Path) -> Path:
-    """Return ``<repo>/.venv``, creating it and installing the project when pyproject.toml changed."""
+    """Return ``<repo>/.venv``, creating it and installing the project when pyproject.toml changed;
+    made again from scratch when it was made from another interpreter than ``base_python``'s."""
     venv = repo / ".venv"
     stamp = venv / ".txchaos-stamp"
-    want = digest(repo / "pyproject.toml") + ":" + str(repo)
+    python = base_python()
+    want = digest(repo / "pyproject.toml") + ":" + str(repo) + ":" + os.path.realpath(python)
     if stamp.exists() and stamp.read_text() == want and (venv / "bin" / "txchaos").exists():
         return venv
-    if not (venv / "bin" / "python").exists():
-        run([sys.executable, "-m", "venv", str(venv)], what="creating the virtualenv")
+    made = (venv / "bin" / "python").exists()
+    if not made or _made_from(venv) != os.path.realpath(python):
+        # --clear: the project's own virtualenv, nothing of a user's in it
+        say(f"making the virtualenv {venv} from {python}...")
+        run([python, "-m", "venv", *(["--clear"] if made else []), str(venv)], what="creating the virtualenv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     say(f"installing the project and its dependencies into {venv} (pyspark is large: a few minutes once)...")
     run([*pip, "-e", f"{repo}[dev]"], what="installing the project into .venv")

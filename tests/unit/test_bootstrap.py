@@ -204,3 +204,54 @@ def test_the_browser_for_the_report_test_is_found_or_installed_as_root_or_skippe
     monkeypatch.setattr(host_tools, "is_root", lambda: True)
     host_tools.ensure_browser()
     assert installed == ["chromium"]
+
+
+def test_the_virtualenv_is_made_from_the_named_python_else_the_distributions_else_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(bootstrap.PYTHON_ENV, str(tmp_path / "python9"))
+    with pytest.raises(bootstrap.BootstrapError) as info:
+        bootstrap.base_python()
+    assert str(info.value).startswith(f"TXCHAOS_PYTHON={tmp_path / 'python9'} is not a Python 3.11+")
+    assert str(info.value).endswith("or unset TXCHAOS_PYTHON")
+    monkeypatch.setenv(bootstrap.PYTHON_ENV, sys.executable)
+    assert bootstrap.base_python() == sys.executable
+    monkeypatch.delenv(bootstrap.PYTHON_ENV)
+    no_venv = tmp_path / "python3"  # a distribution's python3 without its venv package: refused
+    no_venv.write_text("#!/bin/sh\nexit 1\n")
+    no_venv.chmod(0o755)
+    monkeypatch.setattr(bootstrap, "SYSTEM_PYTHON", no_venv)
+    assert bootstrap.base_python() == sys.executable
+    monkeypatch.setattr(bootstrap, "SYSTEM_PYTHON", tmp_path / "absent")
+    assert bootstrap.base_python() == sys.executable
+    other = tmp_path / "other" / "python3"  # a working one: chosen over the running interpreter
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)
+    monkeypatch.setattr(bootstrap, "SYSTEM_PYTHON", other)
+    assert bootstrap.base_python() == str(other)
+
+
+def test_a_virtualenv_made_from_another_interpreter_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    venv = repo / ".venv"
+    for name in ("python", "txchaos"):
+        (venv / "bin" / name).write_text("")
+    (venv / "pyvenv.cfg").write_text("home = /opt/slow/bin\nexecutable = /opt/slow/bin/python3.11\n")
+    ran: list[list[str]] = []
+    monkeypatch.setattr(bootstrap, "run", lambda cmd, **_: ran.append(cmd))
+    monkeypatch.setenv(bootstrap.PYTHON_ENV, sys.executable)
+    assert bootstrap.ensure_venv(repo) == venv
+    assert ran[0] == [sys.executable, "-m", "venv", "--clear", str(venv)]
+    assert ran[1][-2:] == ["-e", f"{repo}[dev]"]
+    ran.clear()
+    bootstrap.ensure_venv(repo)  # stamped: nothing to do
+    assert ran == []
+    (venv / "pyvenv.cfg").write_text(f"executable = {sys.executable}\n")
+    (repo / "pyproject.toml").write_text("[project]\nname = 'y'\n")
+    bootstrap.ensure_venv(repo)  # the same interpreter, a new pyproject.toml: installed again, not made again
+    assert len(ran) == 1
+    assert ran[0][-2:] == ["-e", f"{repo}[dev]"]
