@@ -113,19 +113,25 @@ def ensure_venv(repo: Path) -> Path:
     made again from scratch when it was made from another interpreter than ``base_python``'s."""
     venv = repo / ".venv"
     stamp = venv / ".txchaos-stamp"
+    stamped = stamp.read_text() if stamp.exists() and (venv / "bin" / "txchaos").exists() else ""
+    project = digest(repo / "pyproject.toml") + ":" + str(repo) + ":"
+    # The interpreter it would be made from, unprobed: a probe costs 70 ms, at every ./txchaos.
+    likely = os.environ.get(PYTHON_ENV) or str(SYSTEM_PYTHON if SYSTEM_PYTHON.exists() else sys.executable)
+    if stamped == project + os.path.realpath(likely):
+        return venv
     python = base_python()
-    want = digest(repo / "pyproject.toml") + ":" + str(repo) + ":" + os.path.realpath(python)
-    if stamp.exists() and stamp.read_text() == want and (venv / "bin" / "txchaos").exists():
+    real = os.path.realpath(python)
+    if stamped == project + real:
         return venv
     made = (venv / "bin" / "python").exists()
-    if not made or _made_from(venv) != os.path.realpath(python):
+    if not made or _made_from(venv) != real:
         # --clear: the project's own virtualenv, nothing of a user's in it
         say(f"making the virtualenv {venv} from {python}...")
         run([python, "-m", "venv", *(["--clear"] if made else []), str(venv)], what="creating the virtualenv")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     say(f"installing the project and its dependencies into {venv} (pyspark is large: a few minutes once)...")
     run([*pip, "-e", f"{repo}[dev]"], what="installing the project into .venv")
-    stamp.write_text(want)
+    stamp.write_text(project + real)
     return venv
 
 
