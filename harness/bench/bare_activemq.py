@@ -43,7 +43,7 @@ from sqlalchemy import text
 
 from harness.bench.bare_loop import BareResult, Crew, Hand, address, cleaned_up, pg_connect, pg_run, suffix
 from harness.clients import db
-from harness.clients.activemq import Message, StompClient, encode, take_frame
+from harness.clients.activemq import Message, StompClient, encode, split_frame, take_frame
 from harness.errors import HarnessError
 from harness.stack.base import Endpoints
 
@@ -82,13 +82,7 @@ class RawStomp:
         taken = take_frame(self._buf)
         if taken is None:
             return None
-        raw, end = taken
-        lines = raw[:end].decode().split("\n")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(":")
-            headers.setdefault(key, value)  # STOMP 1.2: the first of repeated headers counts
-        return Frame(lines[0], headers, raw[end + 2 :])
+        return Frame(*split_frame(*taken, unescape=False))
 
     def _read(self, timeout: float) -> Frame | None:
         """Return the next frame off the wire, or None after ``timeout`` seconds; raise on ERROR."""

@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from harness.clients.activemq import StompClient, encode
+from harness.clients.activemq import StompClient, encode, split_frame, take_frame
 from harness.errors import HarnessError
 
 Script = Callable[[socket.socket, bytes], None]  # the peer's side after it read the CONNECT frame
@@ -219,3 +221,45 @@ def test_a_refused_connect_says_so_with_its_remedy() -> None:
     with pytest.raises(HarnessError, match=rf"STOMP connect to 127\.0\.0\.1:{port} failed") as info:
         StompClient("127.0.0.1", port, heartbeats=(0, 0))
     assert "txchaos status" in str(info.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        # keys go out as given (only values are escaped): none of the characters STOMP escapes
+        st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\\:\n\r\0"), min_size=1).filter(
+            lambda k: k != "content-length"
+        ),
+        st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0")),
+        max_size=6,
+    ),
+    st.binary(max_size=64),
+)
+def test_a_frame_split_after_taking_gives_back_the_headers_and_body_it_was_encoded_from(
+    headers: dict[str, str], body: bytes
+) -> None:
+    buf = bytearray(b"\n\r\n" + encode("MESSAGE", headers, body) + b"\n" + encode("RECEIPT", {"receipt-id": "r:1"}))
+    taken = take_frame(buf)
+    assert taken is not None
+    command, got, got_body = split_frame(*taken)
+    assert command == "MESSAGE"
+    assert got_body == body
+    assert {k: v for k, v in got.items() if k != "content-length"} == headers
+    receipt = take_frame(buf)
+    assert receipt is not None
+    assert split_frame(*receipt) == ("RECEIPT", {"receipt-id": "r:1"}, b"")
+    assert take_frame(buf) is None
+
+
+def test_the_first_of_repeated_headers_counts_and_connected_is_not_unescaped() -> None:
+    frame = b"MESSAGE\r\nid:ID\\chost\\c1\r\nid:second\nplain:a\\\\b\n\nbody"
+    assert split_frame(frame, frame.index(b"\n\n")) == ("MESSAGE", {"id": "ID:host:1", "plain": "a\\b"}, b"body")
+    connected = b"CONNECTED\nserver:odd\\cname\n\n"
+    assert split_frame(connected, connected.index(b"\n\n"))[1] == {"server": "odd\\cname"}
+    assert split_frame(frame, frame.index(b"\n\n"), unescape=False)[1]["id"] == "ID\\chost\\c1"
+
+
+def test_an_unknown_escape_is_a_protocol_error_naming_the_value() -> None:
+    frame = b"MESSAGE\nreason:a\\tb\n\n"
+    with pytest.raises(HarnessError, match=r"unknown escape '\\\\t'"):
+        split_frame(frame, frame.index(b"\n\n"))
