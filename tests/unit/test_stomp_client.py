@@ -123,6 +123,33 @@ def test_a_receipt_wait_keeps_the_messages_that_come_before_it(peer) -> None:  #
     assert held.body == "early"
 
 
+def test_sends_committed_go_in_one_transaction_and_return_on_its_receipt(peer) -> None:  # type: ignore[no-untyped-def]
+    frames: list[bytes] = []
+
+    def script(conn: socket.socket, _: bytes) -> None:
+        buf = bytearray()
+        while not frames or not frames[-1].startswith(b"COMMIT"):
+            buf += conn.recv(1 << 16)
+            while (taken := take_frame(buf)) is not None:
+                frames.append(taken[0])
+        receipt = split_frame(frames[-1], frames[-1].index(b"\n\n"))[1]["receipt"]
+        time.sleep(0.3)  # the caller waits for the receipt, not for its own write
+        conn.sendall(encode("RECEIPT", {"receipt-id": receipt}))
+        time.sleep(0.3)
+
+    client = peer(script)
+    started = time.monotonic()
+    client.send_committed([("q", f"m-{i}", {"txchaos-op": f"op:{i}"}) for i in range(3)])
+    assert time.monotonic() - started >= 0.25
+    parsed = [split_frame(f, f.index(b"\n\n")) for f in frames]
+    assert [p[0] for p in parsed] == ["BEGIN", "SEND", "SEND", "SEND", "COMMIT"]
+    tx = parsed[0][1]["transaction"]
+    assert all(p[1]["transaction"] == tx for p in parsed)
+    assert [(p[1]["destination"], p[1]["persistent"], p[1]["txchaos-op"], p[2]) for p in parsed[1:4]] == [
+        ("/queue/q", "true", f"op:{i}", f"m-{i}".encode()) for i in range(3)
+    ]
+
+
 def test_a_write_waits_for_a_slow_reader_whatever_the_last_read_waited(peer) -> None:  # type: ignore[no-untyped-def]
     got: list[int] = []
 

@@ -17,12 +17,14 @@ RETRY_S = 0.5
 class ActiveMQTransport:
     """The driver's STOMP connection; queues exist once used, so ``create`` only connects.
 
-    A send is confirmed only by the next ``flush`` (the broker's RECEIPT for an empty transaction's
-    ABORT), so the transport keeps the sends since then. When the broker goes away before it
-    confirms them (a nemesis kill -9 and restart), it waits for the broker to answer again, sends
-    them all once more and confirms them: the ledger holds a SUBMIT for each, and a message the
-    broker never stored must not read as lost by the system under test. A resend is a step of the
-    run; a message stored twice reaches the flow twice, as a redelivery would.
+    Sends are held until ``flush``, which sends them in transactions of one write each and
+    returns once the broker's RECEIPT for each COMMIT says it stored them
+    (``StompClient.send_committed``). When the broker goes away before it confirms them (a nemesis
+    kill -9 and restart), the transport waits for the broker to answer again, sends them all once
+    more and confirms them: the ledger holds a SUBMIT for each, and a message the broker never
+    stored must not read as lost by the system under test. A resend is a step of the run; a
+    message stored twice (its COMMIT taken, its RECEIPT lost) reaches the flow twice, as a
+    redelivery would.
     """
 
     name = "activemq"
@@ -45,19 +47,15 @@ class ActiveMQTransport:
         return self._client
 
     def send(self, destination: str, body: str | None, *, key: str, headers: Mapping[str, str]) -> None:
-        """Send one persistent message to the queue ``destination`` (confirmed by the next ``flush``)."""
-        message = (destination, body or "", dict(headers))
-        self._unconfirmed.append(message)
-        try:
-            self.client().send(message[0], message[1], headers=message[2])
-        except HarnessError:
-            self._resend()
+        """Hold one persistent message for the queue ``destination``: the next ``flush`` sends it."""
+        self._unconfirmed.append((destination, body or "", dict(headers)))
 
     def flush(self) -> None:
-        """An empty transaction's ABORT receipt proves the broker has taken every SEND before it."""
+        """Send what is held and return once the broker has stored all of it."""
+        if not self._unconfirmed:
+            return
         try:
-            client = self.client()
-            client.abort(client.begin())
+            self.client().send_committed(self._unconfirmed)
         except HarnessError:
             self._resend()
         self._unconfirmed.clear()
@@ -68,10 +66,7 @@ class ActiveMQTransport:
         while True:
             self.release()
             try:
-                client = self.client()
-                for destination, body, headers in self._unconfirmed:
-                    client.send(destination, body, headers=headers)
-                client.abort(client.begin())
+                self.client().send_committed(self._unconfirmed)
                 break
             except HarnessError as exc:
                 if time.monotonic() > deadline:
