@@ -262,6 +262,8 @@ class StompClient:
         self, host: str, port: int, *, client_id: str | None = None, heartbeats: tuple[int, int] = HEARTBEATS
     ) -> None:
         self.host, self.port = host, port
+        # Subscription, transaction and receipt ids: unique on the connection, as STOMP asks (a
+        # counter, not uuid4: that reads the kernel's random source, two calls a stage's message).
         self._ids = itertools.count(1)
         self._held: deque[Message] = deque()  # MESSAGE frames read while waiting for a RECEIPT
         self._subs: dict[str, str] = {}
@@ -432,14 +434,14 @@ class StompClient:
         submissions cost the broker and the proxy what a producer's batches cost them.
         """
         for start in range(0, len(messages), COMMIT_EVERY):
-            tx = f"tx-{uuid.uuid4().hex[:12]}"
+            tx = f"tx-{next(self._ids)}"
             frames = [encode("BEGIN", {"transaction": tx})]
             for name, body, headers in messages[start : start + COMMIT_EVERY]:
                 frames.append(encode("SEND", _send_headers(name, tx, headers, True), body.encode()))
             self._with_receipt("COMMIT", {"transaction": tx}, f"COMMIT {tx}", before=b"".join(frames))
 
     def begin(self) -> str:
-        tx = f"tx-{uuid.uuid4().hex[:12]}"
+        tx = f"tx-{next(self._ids)}"
         self._write("BEGIN", "BEGIN", {"transaction": tx})
         return tx
 
@@ -455,7 +457,7 @@ class StompClient:
     ) -> None:
         """Write ``command`` asking for a RECEIPT (after the frames ``before``, in the same write) and
         read until it comes; a MESSAGE meanwhile is kept."""
-        receipt = f"r-{uuid.uuid4().hex[:12]}"
+        receipt = f"r-{next(self._ids)}"
         self._send_bytes(what, before + encode(command, {**headers, "receipt": receipt}))
         deadline = time.monotonic() + timeout
         while True:

@@ -116,6 +116,17 @@ class CrashPoints:
         """Count ``n`` hits of ``point`` that no arm names (what ``reach`` would do, minus the arm check)."""
         self.hits[point] += n
 
+    def reach_armed(
+        self, armed: frozenset[str], point: str, *, op: str | None, msg: str | None = None, stage: str | None = None
+    ) -> None:
+        """``reach`` ``point`` if it is in ``armed`` (``armed_points`` read once per message or batch),
+        else only ``count`` it: a stage reaches four or five points a message, and each ``reach``
+        stats the arms file."""
+        if point in armed:
+            self.reach(point, op=op, msg=msg, stage=stage)
+        else:
+            self.hits[point] += 1
+
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
         """Record that ``point`` was reached; act on the first arm that matches.
 

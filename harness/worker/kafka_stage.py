@@ -101,10 +101,7 @@ class KafkaStageWorker(WorkerRuntime):
     def _reach(self, point: str, record: Record, op: str) -> None:
         # Arms are re-read once per batch (``_deliver``): five points per record, thousands of
         # records a second, and a stat of arms.json each time would be a fifth of the cost.
-        if point in self._armed:
-            self.crash.reach(point, op=op, msg=record.coord, stage=self.spec.stage)
-        else:
-            self.crash.count(point)
+        self.crash.reach_armed(self._armed, point, op=op, msg=record.coord, stage=self.spec.stage)
 
     def _reach_all(self, point: str, records: Sequence[Record], ops: Sequence[str]) -> None:
         """``_reach`` ``point`` for each of ``records`` in turn; counted at once when no arm names it."""

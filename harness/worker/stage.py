@@ -13,6 +13,7 @@ import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from harness.clients import db
@@ -114,8 +115,8 @@ class StageWorker(WorkerRuntime):
         stage, mid = self.spec.stage, msg.message_id
         emit = self.ledger.emit
 
-        def reach(point: str) -> None:
-            self.crash.reach(point, op=op, msg=mid, stage=stage)
+        # The arms are read once a message: a point no arm names is only counted (no stat of arms.json).
+        reach = partial(self.crash.reach_armed, self.crash.armed_points(), op=op, msg=mid, stage=stage)
 
         # STOMP has no delivery count (BROKER_FACTS.md): count per message id in this process,
         # and trust the broker's redelivered flag across a restart of the worker.
@@ -157,7 +158,10 @@ class StageWorker(WorkerRuntime):
                     _send=send,
                     _dlq=dlq_name(self.spec.input_queue),
                 )
-                self.handler(ctx)
+                # The handler's events (its effect, its sends) in one write: nothing of them must be on
+                # disk before the commit, and a crash point it reaches flushes before it kills.
+                with self.ledger.batch():
+                    self.handler(ctx)
                 reach("before_db_commit")
                 trans.commit()
             except BaseException:
