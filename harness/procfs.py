@@ -1,4 +1,4 @@
-"""One process's ``/proc/<pid>/stat``: its name, state, parent, CPU time and start time.
+"""One process's ``/proc/<pid>/stat`` (its name, state, parent, CPU time and start time) and arguments.
 
 The command name stands in parentheses and may hold spaces and parentheses itself, so the fields
 are counted from the last ``)``. Every module that looks at a process through /proc reads it here.
@@ -50,3 +50,12 @@ def state(pid: int, proc: Path = PROC) -> str | None:
     """Return process ``pid``'s state letter (T stopped, Z zombie, ...), or None when it is gone."""
     stat = read(pid, proc)
     return None if stat is None else stat.state
+
+
+def cmdline(pid: int, proc: Path = PROC) -> tuple[str, ...]:
+    """Return process ``pid``'s arguments; none when it is gone (or a kernel thread, which has none)."""
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(arg.decode(errors="replace") for arg in raw.split(b"\0") if arg)

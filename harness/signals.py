@@ -124,13 +124,20 @@ def children(pid: int | None = None) -> list[int]:
     return found
 
 
+def _ends_by_itself(pid: int) -> bool:
+    """Whether child ``pid`` is multiprocessing's resource tracker (a benchmark's process crews start
+    one). It ends once this process does, after unlinking what the crews left; stopped before that,
+    multiprocessing starts another at exit, which prints a traceback for every name it never saw."""
+    return any("multiprocessing.resource_tracker" in arg for arg in procfs.cmdline(pid))
+
+
 def stop_children(timeout: float = 5.0) -> list[int]:
     """SIGTERM the children still alive after an interrupt's healing, SIGKILL them after ``timeout``.
 
     Healing stops what the harness tracks; this catches what it does not, such as a JVM a library
     was still launching when the signal came (pyspark's gateway leaks it). Returns their pids.
     """
-    left = children()
+    left = [pid for pid in children() if not _ends_by_itself(pid)]
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

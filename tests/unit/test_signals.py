@@ -187,6 +187,26 @@ def test_cli_stops_a_child_no_healing_tracks(tmp_path: Path) -> None:
     assert not alive, "an untracked child outlived the terminated command"
 
 
+def test_cli_leaves_multiprocessings_resource_tracker_to_end_by_itself(tmp_path: Path) -> None:
+    # A benchmark's process crews start the tracker. Stopped with the other children, it is started
+    # again at exit, and each name the crews unregister then prints a KeyError traceback.
+    command = """
+        import atexit
+        from multiprocessing import shared_memory
+        block = shared_memory.SharedMemory(create=True, size=64)
+        atexit.register(lambda: (block.close(), block.unlink()))
+        (out / "block").write_text(block.name)
+        time.sleep(60)
+    """
+    proc = _start_cli(tmp_path, command, "block")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, (out, err)
+    assert "Traceback" not in err, err
+    assert "resource_tracker" not in err, err
+    assert not Path("/dev/shm", (tmp_path / "block").read_text().lstrip("/")).exists()
+
+
 def _send_five(sent: list[int], *, fail: bool = False) -> None:
     """Send five 'operations' in a deferred block, a SIGTERM arriving at the second; maybe fail after."""
     from harness.signals import deferred
