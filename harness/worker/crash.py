@@ -125,7 +125,7 @@ class CrashPoints:
         if point in armed:
             self.reach(point, op=op, msg=msg, stage=stage)
         else:
-            self.hits[point] += 1
+            self.count(point)
 
     def reach(self, point: str, *, op: str | None, msg: str | None = None, stage: str | None = None) -> None:
         """Record that ``point`` was reached; act on the first arm that matches.
