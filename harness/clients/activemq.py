@@ -49,7 +49,6 @@ CONNECT_TIMEOUT_S = 10.0
 # idle workers were dropped again and again on such a host (a crash loop of "lost" in a run with
 # nothing to do), which the stomp.py connection this replaced only reported to a listener.
 SILENCE_SCALE = 3.0
-COMMIT_EVERY = 1_000  # messages a ``send_committed`` transaction holds at most (the broker keeps them till COMMIT)
 _READ_BYTES = 65536
 
 
@@ -426,19 +425,18 @@ class StompClient:
         self._write(f"SEND {name}", "SEND", _send_headers(name, transaction, headers, persistent), body.encode())
 
     def send_committed(self, messages: Sequence[tuple[str, str, Mapping[str, str]]]) -> None:
-        """Send ``messages`` (queue, body, headers), persistent, in one transaction a ``COMMIT_EVERY``
-        of them, each transaction's frames one write, and wait for each COMMIT's RECEIPT: once this
-        returns the broker holds every one, and a transaction cut short stored none of its own.
+        """Send ``messages`` (queue, body, headers), persistent, in one transaction whose frames are
+        one write, and wait for its COMMIT's RECEIPT: once this returns the broker holds every one,
+        and a transaction cut short stored none of them.
 
         One write and one commit a batch, not a frame and a store a message: the driver's
         submissions cost the broker and the proxy what a producer's batches cost them.
         """
-        for start in range(0, len(messages), COMMIT_EVERY):
-            tx = f"tx-{next(self._ids)}"
-            frames = [encode("BEGIN", {"transaction": tx})]
-            for name, body, headers in messages[start : start + COMMIT_EVERY]:
-                frames.append(encode("SEND", _send_headers(name, tx, headers, True), body.encode()))
-            self._with_receipt("COMMIT", {"transaction": tx}, f"COMMIT {tx}", before=b"".join(frames))
+        tx = f"tx-{next(self._ids)}"
+        frames = [encode("BEGIN", {"transaction": tx})]
+        for name, body, headers in messages:
+            frames.append(encode("SEND", _send_headers(name, tx, headers, True), body.encode()))
+        self._with_receipt("COMMIT", {"transaction": tx}, f"COMMIT {tx}", before=b"".join(frames))
 
     def begin(self) -> str:
         tx = f"tx-{next(self._ids)}"

@@ -12,13 +12,14 @@ from harness.stack.base import Endpoint
 
 RECONNECT_S = 120.0  # how long a lost broker may take to answer again (a restart takes seconds)
 RETRY_S = 0.5
+COMMIT_EVERY = 1_000  # messages a transaction of the driver holds at most (the broker keeps them till COMMIT)
 
 
 class ActiveMQTransport:
     """The driver's STOMP connection; queues exist once used, so ``create`` only connects.
 
-    Sends are held until ``flush``, which sends them in transactions of one write each and
-    returns once the broker's RECEIPT for each COMMIT says it stored them
+    Sends are held until ``flush``, which sends them in transactions of up to ``COMMIT_EVERY``,
+    one write each, and lets each go once the broker's RECEIPT for its COMMIT says it stored them
     (``StompClient.send_committed``). When the broker goes away before it confirms them (a nemesis
     kill -9 and restart), the transport waits for the broker to answer again, sends them all once
     more and confirms them: the ledger holds a SUBMIT for each, and a message the broker never
@@ -52,21 +53,27 @@ class ActiveMQTransport:
 
     def flush(self) -> None:
         """Send what is held and return once the broker has stored all of it."""
-        if not self._unconfirmed:
-            return
         try:
-            self.client().send_committed(self._unconfirmed)
+            self._confirm()
         except HarnessError:
             self._resend()
-        self._unconfirmed.clear()
+
+    def _confirm(self) -> None:
+        """Send the held messages a transaction at a time, letting each go once the broker confirms it:
+        a resend after a lost connection sends only what no COMMIT's RECEIPT confirmed."""
+        while self._unconfirmed:
+            chunk = self._unconfirmed[:COMMIT_EVERY]
+            self.client().send_committed(chunk)
+            del self._unconfirmed[: len(chunk)]
 
     def _resend(self) -> None:
         """Wait for the broker to answer again, then send every unconfirmed message again and confirm them."""
+        resent = len(self._unconfirmed)
         deadline = time.monotonic() + RECONNECT_S
         while True:
             self.release()
             try:
-                self.client().send_committed(self._unconfirmed)
+                self._confirm()
                 break
             except HarnessError as exc:
                 if time.monotonic() > deadline:
@@ -76,8 +83,7 @@ class ActiveMQTransport:
                         hint="is the broker up (`txchaos status`)? A broker restart of the nemesis takes seconds",
                     ) from exc
                 time.sleep(RETRY_S)
-        self.folder.step(f"sent {len(self._unconfirmed)} unconfirmed message(s) again: the broker connection was lost")
-        self._unconfirmed.clear()
+        self.folder.step(f"sent {resent} unconfirmed message(s) again: the broker connection was lost")
 
     def release(self) -> None:
         """Close the driver's connection."""
